@@ -1,8 +1,8 @@
 """typedlm: typed decisions (yes/no, choice, score) read from one forward pass of an instruct LLM.
 
-    from typedlm import Decider
-    decider = Decider.load()  # the embedded SmolLM2-135M-Instruct; Decider.load("Qwen/Qwen3-0.6B") with internet
-    decider.respond({"state": "...", "questions": {"q": {"type": "noul", "instructions": "..."}}})
+from typedlm import Decider
+decider = Decider.load()  # the embedded SmolLM2-135M-Instruct; Decider.load("Qwen/Qwen3-0.6B") with internet
+decider.respond({"state": "...", "questions": {"q": {"type": "noul", "instructions": "..."}}})
 """
 
 from typedlm.answers import ChoiceAnswer, NoulAnswer, Response, ScoreAnswer, Usage

@@ -8,7 +8,7 @@ else), whatever the normalised probabilities look like. On the wire it is the ex
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 from typedlm.questions import Text
 
@@ -64,7 +64,7 @@ class ScoreAnswer:
         }
 
 
-Answer = Union[NoulAnswer, ChoiceAnswer, ScoreAnswer]
+Answer = NoulAnswer | ChoiceAnswer | ScoreAnswer
 
 
 @dataclass(frozen=True)

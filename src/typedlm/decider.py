@@ -57,7 +57,11 @@ class Decider:
 
     @classmethod
     def load(
-        cls, model: str | None = None, device: str = "cpu", dtype: str | None = None, max_input_tokens: int | None = None
+        cls,
+        model: str | None = None,
+        device: str = "cpu",
+        dtype: str | None = None,
+        max_input_tokens: int | None = None,
     ) -> Decider:
         """Load a model (None: the embedded default) and prepare it; see `typedlm.models.load_model`."""
         return cls(load_model(model, device, dtype), max_input_tokens)

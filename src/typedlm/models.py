@@ -71,7 +71,7 @@ def converted_gguf(path: Path) -> Path:
     try:
         tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
         gguf_model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
-    except Exception as exc:  # noqa: BLE001 - transformers raises many kinds for a bad file
+    except Exception as exc:
         raise ModelError(f"cannot read GGUF {path}: {exc}") from exc
     # save_pretrained refuses a GGUF-loaded model: copy its weights into a plain one of the same config.
     config = gguf_model.config

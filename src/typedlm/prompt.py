@@ -111,7 +111,7 @@ class ChatLayout:
             rendered = tokenizer.apply_chat_template(
                 messages, chat_template=template, tokenize=False, add_generation_prompt=True, enable_thinking=False
             )
-        except Exception as exc:  # noqa: BLE001 - templates raise anything (jinja errors, TemplateError)
+        except Exception as exc:
             raise ModelError(f"the model's chat template cannot render a system + user turn: {exc}") from exc
         if rendered.count(_STATE) != 1 or rendered.count(_QUESTION) != 1:
             raise ModelError("the model's chat template does not keep the user message verbatim")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 from typedlm.errors import InvalidRequest
 
@@ -21,7 +21,7 @@ MIN_LEVELS = 2
 MAX_LEVELS = 10
 QUESTION_TYPES = ("noul", "choice", "score")
 
-Text = Union[str, dict, list]  # JSON text: a string, or an object/array rendered as JSON
+Text = str | dict | list  # JSON text: a string, or an object/array rendered as JSON
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ class ScoreQuestion:
     instructions: Text | None = None
 
 
-Question = Union[NoulQuestion, ChoiceQuestion, ScoreQuestion]
+Question = NoulQuestion | ChoiceQuestion | ScoreQuestion
 
 
 @dataclass(frozen=True)
@@ -75,9 +75,7 @@ def parse_state(value: Any) -> Text:
     if value is None:
         raise InvalidRequest("state is required: send the document as a string, an object or an array", ("state",))
     if not _is_text(value):
-        raise InvalidRequest(
-            f"state must be a string, an object or an array, not {type(value).__name__}", ("state",)
-        )
+        raise InvalidRequest(f"state must be a string, an object or an array, not {type(value).__name__}", ("state",))
     return value
 
 
@@ -115,7 +113,11 @@ def _parse_choice(instructions: Text | None, criteria: Any, loc: tuple[str | int
     if not MIN_OPTIONS <= len(criteria) <= MAX_OPTIONS:
         raise InvalidRequest(
             f"a choice needs {MIN_OPTIONS} to {MAX_OPTIONS} options, got {len(criteria)}; "
-            + ("add options, or ask a noul question" if len(criteria) < MIN_OPTIONS else "split it into several questions"),
+            + (
+                "add options, or ask a noul question"
+                if len(criteria) < MIN_OPTIONS
+                else "split it into several questions"
+            ),
             loc,
         )
     options = tuple(
@@ -126,7 +128,9 @@ def _parse_choice(instructions: Text | None, criteria: Any, loc: tuple[str | int
 
 def _parse_score(instructions: Text | None, criteria: Any, loc: tuple[str | int, ...]) -> ScoreQuestion:
     if isinstance(criteria, Mapping):
-        raise InvalidRequest("score criteria must be an array of level descriptions (level i scores i), not an object", loc)
+        raise InvalidRequest(
+            "score criteria must be an array of level descriptions (level i scores i), not an object", loc
+        )
     if not isinstance(criteria, list):
         raise InvalidRequest("score criteria must be an array of level descriptions", loc)
     if not MIN_LEVELS <= len(criteria) <= MAX_LEVELS:
