@@ -1,0 +1,84 @@
+"""Command line: `typedlm ask [FILE]` answers one /v1/systemone request body with a local model.
+
+    echo '{"state": "...", "questions": {...}}' | typedlm ask
+    typedlm ask request.json --model Qwen/Qwen3-0.6B
+
+Bad input prints a clear message on stderr and exits 2; a model that cannot be loaded exits 3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from typedlm.errors import InvalidRequest, ModelError, TypedLMError
+from typedlm.models import EMBEDDED_MODEL, RECOMMENDED_MODEL
+
+EXIT_BAD_INPUT = 2
+EXIT_MODEL = 3
+
+
+def _add_model_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model",
+        default=os.environ.get("TYPEDLM_MODEL"),
+        help=f"Hugging Face id, local directory or .gguf file (default: the embedded {EMBEDDED_MODEL}; "
+        f"with internet, {RECOMMENDED_MODEL} is recommended)",
+    )
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or mps (default: cpu)")
+    parser.add_argument("--dtype", default=None, help="float32 or bfloat16 (default: float32 on CPU, bfloat16 on CUDA)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="typedlm", description="Typed decisions from language models.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    ask = commands.add_parser("ask", help="answer one /v1/systemone request body (JSON) and print the response")
+    ask.add_argument("file", nargs="?", help="request body file (default: stdin)")
+    _add_model_options(ask)
+    ask.add_argument("--indent", type=int, default=2, help="JSON indent of the output (default: 2)")
+    return parser
+
+
+def _read_body(path: str | None) -> object:
+    try:
+        text = sys.stdin.read() if path in (None, "-") else Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InvalidRequest(f"cannot read {path}: {exc.strerror}") from exc
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidRequest(f"the request is not valid JSON: {exc}") from exc
+
+
+def ask(args: argparse.Namespace) -> int:
+    from typedlm.decider import Decider
+    from typedlm.questions import parse_request
+
+    request = parse_request(_read_body(args.file))  # validate before the (slow) model load
+    decider = Decider.load(args.model, args.device, args.dtype)
+    response = decider.decide(request.state, request.questions)
+    json.dump(response.to_wire(), sys.stdout, indent=args.indent or None, ensure_ascii=False)
+    sys.stdout.write("\n")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return ask(args)
+    except InvalidRequest as exc:
+        print(f"typedlm: invalid request: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except ModelError as exc:
+        print(f"typedlm: model error: {exc}", file=sys.stderr)
+        return EXIT_MODEL
+    except TypedLMError as exc:
+        print(f"typedlm: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""Shared fixtures: the real embedded model, its tokenizer, and tiny random models of several families.
+
+Tiny models use the embedded model's real tokenizer and chat template (vocabulary 49152), so their
+prompts, labels and token boundaries are real; only the weights are random. Exactness tests compare
+the packed one-pass readout with an independent full forward per question (see `reference_masses`).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, Gemma3TextConfig, LlamaConfig, Qwen3Config
+
+from typedlm.decider import Decider
+from typedlm.labels import LabelSet
+from typedlm.models import LoadedModel, converted_gguf, embedded_gguf_path, load_model
+
+FAMILIES = ("qwen3", "llama", "gemma3")
+
+
+@pytest.fixture(scope="session")
+def embedded_dir():
+    return converted_gguf(embedded_gguf_path())
+
+
+@pytest.fixture(scope="session")
+def tokenizer(embedded_dir):
+    return AutoTokenizer.from_pretrained(embedded_dir)
+
+
+def tiny_config(family: str, vocab_size: int):
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=4096,
+        initializer_range=0.2,  # peaked distributions, so label masses are not all ~1/V
+        tie_word_embeddings=family != "llama",
+    )
+    if family == "qwen3":
+        return Qwen3Config(**common)
+    if family == "llama":
+        return LlamaConfig(**common)
+    if family == "gemma3":
+        # A short window that prompts exceed, on one of the two layers: the sliding-window trap.
+        return Gemma3TextConfig(**common, sliding_window=24, layer_types=["sliding_attention", "full_attention"])
+    raise ValueError(family)
+
+
+def tiny_model(family: str, vocab_size: int, seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    config = tiny_config(family, vocab_size)
+    config._attn_implementation = "sdpa"
+    return AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa").eval()
+
+
+@pytest.fixture(scope="session", params=FAMILIES)
+def tiny_decider(request, tokenizer):
+    model = tiny_model(request.param, len(tokenizer))
+    return Decider(LoadedModel(model, tokenizer, f"tiny-{request.param}"))
+
+
+@pytest.fixture(scope="session")
+def real_decider():
+    return Decider(load_model(None, "cpu", "float32"))
+
+
+@torch.inference_mode()
+def reference_masses(model, full_ids: list[int], labels: LabelSet) -> list[float]:
+    """Brute force: one full forward (with LM head) per label node, no cache, the model's own masks."""
+    nodes = {form[:k] for forms in labels.groups for form in forms for k in range(len(form))}
+    logprobs = {}
+    for node in nodes:
+        logits = model(torch.tensor([full_ids + list(node)])).logits[0, -1].float()
+        logprobs[node] = torch.log_softmax(logits, dim=-1)
+    masses = []
+    for forms in labels.groups:
+        total = 0.0
+        for form in forms:
+            total += float(torch.exp(sum(logprobs[form[:k]][token].double() for k, token in enumerate(form))))
+        masses.append(total)
+    return masses
