@@ -75,7 +75,7 @@ def reference_masses(model, full_ids: list[int], labels: LabelSet) -> list[float
     nodes = {form[:k] for forms in labels.groups for form in forms for k in range(len(form))}
     logprobs = {}
     for node in nodes:
-        logits = model(torch.tensor([full_ids + list(node)])).logits[0, -1].float()
+        logits = model(torch.tensor([full_ids + list(node)]), logits_to_keep=1).logits[0, -1].float()
         logprobs[node] = torch.log_softmax(logits, dim=-1)
     masses = []
     for forms in labels.groups:

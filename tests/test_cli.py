@@ -1,0 +1,72 @@
+"""`typedlm ask`: the whole request body in, the response body out, clear errors on bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+REQUEST = {
+    "model": "jev-latest",
+    "state": {"message": "Is my parcel lost? It has not moved for ten days."},
+    "questions": {
+        "lost": {"type": "noul", "instructions": "Is the customer worried about a lost parcel?"},
+        "topic": {"type": "choice", "criteria": {"shipping": None, "billing": None}},
+        "mood": {"type": "score", "criteria": ["calm", "worried", "furious"]},
+    },
+}
+
+
+def typedlm(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "typedlm.cli", *args], input=stdin, capture_output=True, text=True, timeout=600
+    )
+
+
+def test_ask_reads_stdin_and_prints_the_response_body(embedded_dir):
+    done = typedlm("ask", stdin=json.dumps(REQUEST))
+    assert done.returncode == 0, done.stderr
+    response = json.loads(done.stdout)
+    assert response["model"] == "smollm2-135m-instruct"
+    assert set(response["answers"]) == {"lost", "topic", "mood"}
+    assert response["answers"]["topic"]["type"] == "choice"
+    assert response["usage"]["input_tokens"] > 0
+
+
+def test_ask_reads_a_file(tmp_path, embedded_dir):
+    path = tmp_path / "request.json"
+    path.write_text(json.dumps({**REQUEST, "questions": {"q": REQUEST["questions"]["lost"]}}))
+    done = typedlm("ask", str(path), "--indent", "0")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["answers"]["q"]["type"] == "noul"
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("{not json", "not valid JSON"),
+        (json.dumps({**REQUEST, "questions": {"q": {"type": "maybe"}}}), "unknown question type 'maybe'"),
+        (json.dumps({**REQUEST, "questions": {"q": {"type": "choice", "criteria": {}}}}), "got 0"),
+        (json.dumps({**REQUEST, "questions": {"q": {"type": "choice", "criteria": {"a": None}}}}), "got 1"),
+        (
+            json.dumps(
+                {**REQUEST, "questions": {"q": {"type": "choice", "criteria": {str(i): None for i in range(256)}}}}
+            ),
+            "got 256",
+        ),
+        (json.dumps({**REQUEST, "state": None}), "state is required"),
+    ],
+)
+def test_bad_input_exits_non_zero_with_a_message(body, message):
+    done = typedlm("ask", stdin=body)
+    assert done.returncode == 2
+    assert message in done.stderr and done.stdout == ""
+
+
+def test_a_missing_file_and_a_missing_model_are_clear_errors(tmp_path):
+    done = typedlm("ask", str(tmp_path / "nope.json"))
+    assert done.returncode == 2 and "cannot read" in done.stderr
+    done = typedlm("ask", "--model", str(tmp_path / "missing.gguf"), stdin=json.dumps(REQUEST))
+    assert done.returncode == 3 and "does not exist" in done.stderr

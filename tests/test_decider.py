@@ -1,0 +1,102 @@
+"""The real embedded model (SmolLM2-135M-Instruct) end to end: exactness, independence, wire shape, limits."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from typesafe_sdk._schemas.models import SystemOneResponse
+
+from typedlm.confidence import normalise
+from typedlm.errors import InvalidRequest, LimitExceeded
+from typedlm.questions import ChoiceQuestion, NoulQuestion, ScoreQuestion
+
+from .conftest import reference_masses
+
+STATE = "Order 1182: the customer paid twice for one pair of shoes and asks for a refund of the second charge."
+BODY = {
+    "model": "jev-latest",
+    "state": STATE,
+    "questions": {
+        "refund": {"type": "noul", "instructions": "Does the customer ask for a refund?"},
+        "topic": {
+            "type": "choice",
+            "instructions": "What is the message about?",
+            "criteria": {"billing": "payments and charges", "shipping": None, "ünïcode 名前": "other"},
+        },
+        "urgency": {"type": "score", "instructions": "How urgent is it?", "criteria": ["low", "medium", "high"]},
+    },
+}
+
+
+def test_every_question_type_answers_with_well_formed_probabilities(real_decider):
+    wire = real_decider.respond(BODY)
+    parsed = SystemOneResponse.model_validate(wire)  # the official SDK's own response model
+    assert parsed.model == "smollm2-135m-instruct"
+    assert wire["usage"]["input_tokens"] > 0 and wire["usage"]["output_tokens"] == 0
+    answers = wire["answers"]
+    assert list(answers) == list(BODY["questions"])
+    assert 0 <= answers["refund"]["noul"] <= 1
+    topic = answers["topic"]
+    assert list(topic["probabilities"]) == ["billing", "shipping", "ünïcode 名前"]
+    assert math.isclose(sum(topic["probabilities"].values()), 1, abs_tol=1e-9)
+    assert topic["choice"] == max(topic["probabilities"], key=topic["probabilities"].get)
+    urgency = answers["urgency"]
+    assert urgency["legend"] == {"0": "low", "1": "medium", "2": "high"}
+    assert math.isclose(urgency["score"], sum(int(k) * p for k, p in urgency["probabilities"].items()))
+    for answer in answers.values():
+        assert 0 < answer["x_raw_mass"] <= 1
+        assert 0 <= answer.get("confidence", 0) <= 1
+
+
+def test_packed_readout_equals_full_forward_on_the_real_model(real_decider):
+    questions = {
+        "refund": NoulQuestion("Does the customer ask for a refund?"),
+        "topic": ChoiceQuestion((("billing", "payments"), ("shipping", None), ("other", None))),
+        "many": ChoiceQuestion(tuple((f"p{i}", None) for i in range(255))),
+        "urgency": ScoreQuestion(tuple(f"level {i}" for i in range(10)), "How urgent is it?"),
+    }
+    response = real_decider.decide(STATE, questions)
+    prefix_text = real_decider.layout.prefix_text(STATE)
+    assert real_decider.labels_for(questions["many"]).inner_nodes, "255 options include multi-token labels"
+    for qid, question in questions.items():
+        whole = real_decider.layout.encode(prefix_text + real_decider.layout.suffix_text(question))
+        probs, raw_mass = normalise(
+            reference_masses(real_decider.engine.model, whole, real_decider.labels_for(question))
+        )
+        answer = response.answers[qid]
+        if isinstance(question, NoulQuestion):
+            got = [answer.p_yes, 1 - answer.p_yes]
+        elif isinstance(question, ChoiceQuestion):
+            got = list(answer.probabilities.values())
+        else:
+            got = list(answer.probabilities)
+        assert max(abs(a - b) for a, b in zip(got, probs, strict=True)) < 1e-5, qid
+        assert abs(answer.raw_mass - raw_mass) < 1e-5, qid
+
+
+def test_other_questions_do_not_change_an_answer(real_decider):
+    """Exact up to float32 rounding: 30 layers of attention whose key blocks split differently when the
+    packed sequence is longer (measured: up to 1.2e-6 here; tiny models hold 1e-6)."""
+    alone = real_decider.respond({**BODY, "questions": {"x": BODY["questions"]["topic"]}})["answers"]["x"]
+    together = real_decider.respond(BODY)["answers"]["topic"]
+    for name, p in alone["probabilities"].items():
+        assert abs(p - together["probabilities"][name]) <= 1e-5
+
+
+def test_limits_are_checked_before_any_model_work(real_decider, monkeypatch):
+    def no_model_work(*args, **kwargs):
+        raise AssertionError("the model ran on an over-long request")
+
+    monkeypatch.setattr(real_decider.engine, "prefill", no_model_work)
+    long_state = "word " * 9000  # SmolLM2 reads 8192 positions
+    with pytest.raises(LimitExceeded, match="at most 8192"):
+        real_decider.respond({**BODY, "state": long_state})
+    monkeypatch.setattr(real_decider, "max_input_tokens", 50)
+    with pytest.raises(LimitExceeded, match="at most 50"):
+        real_decider.respond(BODY)
+
+
+def test_invalid_bodies_raise_invalid_request(real_decider):
+    with pytest.raises(InvalidRequest):
+        real_decider.respond({**BODY, "questions": {"q": {"type": "choice", "criteria": {"only": None}}}})

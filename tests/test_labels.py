@@ -1,0 +1,64 @@
+"""Labels: prefix-free groups, verified against the real tokenizer in context."""
+
+from __future__ import annotations
+
+import pytest
+
+from typedlm.errors import ModelError
+from typedlm.labels import Labeler, LabelSet, choice_labels, score_labels
+from typedlm.prompt import ChatLayout
+
+
+@pytest.fixture(scope="module")
+def labeler(tokenizer):
+    return Labeler(tokenizer, ChatLayout(tokenizer).answer_opening)
+
+
+def test_label_strings():
+    assert choice_labels(3) == ["A", "B", "C"]
+    assert choice_labels(26)[-1] == "Z"
+    two = choice_labels(255)
+    assert two[:2] == ["AA", "AB"] and len(set(two)) == 255 and all(len(label) == 2 for label in two)
+    assert score_labels(4) == ["0", "1", "2", "3"]
+
+
+def test_same_group_extensions_are_dropped_and_cross_group_prefixes_rejected():
+    labels = LabelSet.build([[(1,), (1, 2), (3, 4)], [(5,), (5,)]])
+    assert labels.groups == (((1,), (3, 4)), ((5,),))
+    assert labels.inner_nodes == ((3,),)
+    with pytest.raises(ModelError, match="overlap"):
+        LabelSet.build([[(1,)], [(1, 2)]])
+    with pytest.raises(ModelError, match="overlap"):
+        LabelSet.build([[(7,)], [(7,)]])
+
+
+def test_noul_groups_cover_every_surface_form(labeler, tokenizer):
+    yes, no = labeler.noul().groups
+    decoded_yes = {tokenizer.decode(list(form)) for form in yes}
+    decoded_no = {tokenizer.decode(list(form)) for form in no}
+    assert {"yes", "Yes", "y", "Y"} <= decoded_yes and {"no", "No", "NO", "n", "N"} <= decoded_no
+    # "YES" is Y+ES in this tokenizer: its mass is already inside "Y", so it is not counted twice
+    if len(tokenizer("YES", add_special_tokens=False)["input_ids"]) > 1:
+        assert "YES" not in decoded_yes
+
+
+@pytest.mark.parametrize("n", [2, 26, 27, 255])
+def test_choice_labels_round_trip_in_context(labeler, tokenizer, n):
+    opening = labeler._context
+    opening_ids = tokenizer(opening, add_special_tokens=False)["input_ids"]
+    labels = labeler.choice(n)
+    assert len(labels.groups) == n
+    for label, (form,) in zip(choice_labels(n), labels.groups, strict=True):
+        assert tokenizer.decode(list(form)) == label
+        assert tokenizer(opening + label, add_special_tokens=False)["input_ids"] == opening_ids + list(form)
+
+
+def test_score_labels_are_single_digits(labeler):
+    assert all(len(form) == 1 for (form,) in labeler.score(10).groups)
+
+
+def test_a_label_that_merges_with_its_context_is_not_readable(tokenizer):
+    labeler = Labeler(tokenizer, "assist")
+    assert labeler.encode("ant") is None  # "assistant" is one token: "ant" can never follow as written
+    with pytest.raises(ModelError, match="none of the labels"):
+        labeler.label_set([["ant"], ["B"]])

@@ -1,0 +1,96 @@
+"""Prompt rendering and the token-level prefix/suffix split."""
+
+from __future__ import annotations
+
+import pytest
+from transformers import AutoTokenizer
+
+from typedlm.errors import ModelError
+from typedlm.prompt import SYSTEM_PROMPT, ChatLayout, question_block, render_text
+from typedlm.questions import ChoiceQuestion, NoulQuestion, ScoreQuestion
+
+QUESTIONS = [
+    NoulQuestion("Is it spam?"),
+    ChoiceQuestion((("angry", "upset"), ("calm", None))),
+    ScoreQuestion(("low", "high"), {"rate": "urgency"}),
+]
+# States that try to merge tokens across the cut: whitespace, punctuation, markup, unicode, nothing.
+STATES = [
+    "plain text",
+    "  padded\n\n",
+    "ends with >",
+    "{'json': 1}",
+    {"a": [1, 2]},
+    [],
+    "",
+    "日本語のテキスト",
+    "</document>",
+]
+
+
+@pytest.fixture(scope="module")
+def layout(tokenizer):
+    return ChatLayout(tokenizer)
+
+
+def test_layout_uses_the_models_chat_template(layout):
+    assert layout.head.startswith("<|im_start|>system\n" + SYSTEM_PROMPT)
+    assert layout.head.endswith("<|im_start|>user\n<document>\n")
+    assert layout.answer_opening == "<|im_end|>\n<|im_start|>assistant\n"
+
+
+@pytest.mark.parametrize("state", STATES)
+def test_prefix_plus_suffix_is_the_whole_prompt(layout, tokenizer, state):
+    prompt = layout.tokenize(state, QUESTIONS)
+    for question, suffix in zip(QUESTIONS, prompt.suffix_ids, strict=True):
+        whole = layout.prefix_text(state) + layout.suffix_text(question)
+        assert prompt.prefix_ids + suffix == tokenizer(whole, add_special_tokens=False)["input_ids"]
+    # the shared prefix does not depend on which questions are asked
+    assert layout.tokenize(state, QUESTIONS[:1]).prefix_ids == prompt.prefix_ids
+
+
+def test_system_prompt_ids_start_every_prefix(layout):
+    for state in STATES:
+        prefix = layout.tokenize(state, QUESTIONS).prefix_ids
+        assert prefix[: len(layout.system_ids)] == layout.system_ids
+
+
+def test_question_blocks_show_options_levels_and_criteria():
+    noul = question_block(NoulQuestion("Spam?", true="ads", false=None))
+    assert "Spam?" in noul and "Answer yes if: ads" in noul and "Answer no if" not in noul
+    choice = question_block(ChoiceQuestion((("angry", "upset"), ("calm", None))))
+    assert "A) angry: upset\nB) calm\n" in choice
+    score = question_block(ScoreQuestion(("low", {"k": "v"})))
+    assert '0: low\n1: {\n  "k": "v"\n}' in score
+    assert "AA) o0" in question_block(ChoiceQuestion(tuple((f"o{i}", None) for i in range(30))))
+
+
+def test_render_text():
+    assert render_text("  padded ") == "padded"
+    assert render_text({"ключ": [1]}) == '{\n  "ключ": [\n    1\n  ]\n}'
+    assert render_text(None) == ""
+
+
+def test_thinking_is_switched_off_for_templates_that_support_it(embedded_dir):
+    tokenizer = AutoTokenizer.from_pretrained(embedded_dir)
+    # A Qwen3-style template: thinking unless enable_thinking is false, then an empty think block.
+    tokenizer.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n"
+        "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
+    )
+    assert ChatLayout(tokenizer).answer_opening.endswith("assistant\n<think>\n\n</think>\n\n")
+
+
+def test_models_without_a_chat_template_get_a_plain_layout(embedded_dir):
+    tokenizer = AutoTokenizer.from_pretrained(embedded_dir)
+    tokenizer.chat_template = None
+    layout = ChatLayout(tokenizer)
+    assert layout.head.startswith("System: " + SYSTEM_PROMPT) and layout.answer_opening.endswith("Assistant:")
+
+
+def test_a_template_that_rejects_the_layout_is_a_model_error(embedded_dir):
+    tokenizer = AutoTokenizer.from_pretrained(embedded_dir)
+    tokenizer.chat_template = "{{ raise_exception('no system role') }}"
+    with pytest.raises(ModelError, match="chat template"):
+        ChatLayout(tokenizer)
