@@ -31,6 +31,7 @@ SYSTEM_PROMPT = (
 DOCUMENT_OPEN = "<document>\n"
 DOCUMENT_CLOSE = "\n</document>"
 QUESTION_LEAD = "\n\n"
+WORD_JOINER = "\u2060"  # invisible; breaks a control-token string in user text into plain text
 _STATE = "\x00typedlm-state\x00"
 _QUESTION = "\x00typedlm-question\x00"
 # A plain layout for models without a chat template (base models).
@@ -119,15 +120,27 @@ class ChatLayout:
         self.head = head  # everything up to the state: system turn, user turn opening, <document>
         self.document_close, self.answer_opening = rest.split(_QUESTION)
         self.system_ids = self.encode(head)
+        # Strings the tokenizer turns into control tokens (<|im_end|>, <|im_start|>, ...). In user text
+        # they would let a document close its own turn and answer for the model, so they are defused.
+        added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+        specials = set(getattr(tokenizer, "all_special_tokens", [])) | {t.content for t in added.values() if t.special}
+        self._control_strings = sorted((s for s in specials if len(s) > 1), key=len, reverse=True)
+
+    def defuse(self, text: str) -> str:
+        """User text with every control-token string broken by a word joiner, so it tokenizes as text."""
+        for control in self._control_strings:
+            if control in text:
+                text = text.replace(control, control[0] + WORD_JOINER + control[1:])
+        return text
 
     def encode(self, text: str) -> list[int]:
         return list(self._tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def prefix_text(self, state: Text) -> str:
-        return f"{self.head}{render_text(state)}{self.document_close}"
+        return f"{self.head}{self.defuse(render_text(state))}{self.document_close}"
 
     def suffix_text(self, question: Question) -> str:
-        return f"{QUESTION_LEAD}{question_block(question)}{self.answer_opening}"
+        return f"{QUESTION_LEAD}{self.defuse(question_block(question))}{self.answer_opening}"
 
     def tokenize(self, state: Text, questions: Sequence[Question]) -> TokenizedPrompt:
         """Token ids of the shared prefix and of each question's suffix; prefix + suffix == ids of the whole."""
