@@ -20,10 +20,11 @@ class InvalidRequest(TypedLMError):
         loc: path to the offending value, e.g. ("questions", "tone", "criteria").
     """
 
-    def __init__(self, message: str, loc: tuple[str | int, ...] = ()):
+    def __init__(self, message: str, loc: tuple[str | int, ...] = (), kind: str = "value_error"):
         super().__init__(message)
         self.message = message
         self.loc = loc
+        self.kind = kind  # a machine-readable code, e.g. "json_invalid"
 
     def __str__(self) -> str:
         where = ".".join(str(part) for part in self.loc)

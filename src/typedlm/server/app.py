@@ -1,0 +1,126 @@
+"""The FastAPI application: routes that translate between the wire and a decider.
+
+    app = create_app(decider, ServerSettings(api_keys=("secret",)))
+
+Routes: POST /v1/systemone, GET /v1/models, POST /v1/chat/completions, GET /health, docs at /docs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from contextlib import asynccontextmanager
+from typing import Any, Protocol
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import JSONResponse
+
+from typedlm.answers import Response
+from typedlm.errors import InvalidRequest, LimitExceeded
+from typedlm.questions import Question, Text, parse_request
+from typedlm.server import chat, schemas
+from typedlm.server.auth import check_bearer
+from typedlm.server.body import parse_json, read_body
+from typedlm.server.errors import APIError, install_handlers
+from typedlm.server.settings import ServerSettings
+from typedlm.server.worker import ModelWorker
+
+VERSION = "0.1.0"
+
+
+class DeciderLike(Protocol):
+    name: str
+
+    def decide(self, state: Text, questions: Mapping[str, Question]) -> Response: ...
+
+
+def create_app(decider: DeciderLike, settings: ServerSettings | None = None) -> FastAPI:
+    settings = settings or ServerSettings()
+    worker = ModelWorker(settings.max_queue, settings.retry_after_s)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        yield
+        worker.close()  # finish in-flight forward passes before exiting
+
+    app = FastAPI(
+        title="typedlm",
+        version=VERSION,
+        description="Typed decisions (noul, choice, score) read from one forward pass; TypeSafe System One API.",
+        lifespan=lifespan,
+    )
+    app.state.worker = worker
+    app.state.settings = settings
+    install_handlers(app)
+
+    def authorized(request: Request) -> None:
+        check_bearer(request, settings.api_keys)
+
+    def check_model(model: str | None) -> None:
+        if model is not None and model != decider.name and model not in settings.aliases:
+            names = ", ".join([decider.name, *settings.aliases])
+            raise APIError(404, "model_not_found", f"unknown model {model!r}; this server serves: {names}")
+
+    async def answer(state: Text, questions: Mapping[str, Question]) -> Response:
+        return await worker.submit(decider.decide, state, questions, timeout_s=settings.request_timeout_s)
+
+    json_body = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/SystemOneRequest"}}}}
+
+    @app.post(
+        "/v1/systemone",
+        dependencies=[Depends(authorized)],
+        summary="Answer typed questions about a state",
+        response_model=schemas.SystemOneResponse,
+        responses={
+            401: {"model": schemas.ErrorBody},
+            413: {"model": schemas.ErrorBody},
+            503: {"model": schemas.ErrorBody},
+        },
+        openapi_extra={"requestBody": {**json_body, "required": True}},
+    )
+    async def systemone(request: Request) -> JSONResponse:
+        body = parse_json(await read_body(request, settings.max_body_bytes))
+        parsed = parse_request(body)
+        check_model(parsed.model)
+        response = await answer(parsed.state, parsed.questions)
+        return JSONResponse(response.to_wire())
+
+    @app.get("/v1/models", dependencies=[Depends(authorized)], response_model=schemas.ModelList, summary="List models")
+    async def models() -> dict[str, Any]:
+        served = {"name": decider.name, "description": f"{decider.name}, served by typedlm {VERSION}"}
+        aliases = [{"name": alias, "description": f"Alias of {decider.name}"} for alias in settings.aliases]
+        return {"models": [{**m, "release_date": settings.release_date} for m in [served, *aliases]]}
+
+    @app.get("/health", summary="Liveness and queue depth")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "model": decider.name, "pending": worker.pending, "max_queue": worker.max_pending}
+
+    @app.post("/v1/chat/completions", dependencies=[Depends(authorized)], summary="A decision in the OpenAI chat shape")
+    async def chat_completions(request: Request) -> JSONResponse:
+        try:
+            body = parse_json(await read_body(request, settings.max_body_bytes))
+            model, state, questions = chat.parse_chat(body)
+            check_model(model)
+            response = await answer(state, questions)
+        except LimitExceeded as exc:
+            return chat.openai_error(413, str(exc))
+        except InvalidRequest as exc:
+            return chat.openai_error(400, str(exc), ".".join(map(str, exc.loc)) or None)
+        except APIError as exc:
+            if exc.status >= 500:
+                raise
+            return chat.openai_error(exc.status, exc.message, kind=exc.error_type)
+        return JSONResponse(chat.completion(response.model, response.to_wire()["answers"], response.usage.input_tokens))
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            spec = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+            request_schema = schemas.SystemOneRequest.model_json_schema(ref_template="#/components/schemas/{model}")
+            components = spec.setdefault("components", {}).setdefault("schemas", {})
+            components.update(request_schema.pop("$defs", {}))
+            components["SystemOneRequest"] = request_schema
+            app.openapi_schema = spec
+        return app.openapi_schema
+
+    app.openapi = openapi
+    return app

@@ -1,0 +1,80 @@
+"""POST /v1/chat/completions: a decision, in the OpenAI chat shape, when the system message is a question schema.
+
+The system message is the `questions` object of /v1/systemone as JSON (or {"questions": {...}}); the
+user message is the state. The reply's message content is the answers as JSON; nothing is generated.
+Any other chat request is refused with a 400 saying so. Errors use OpenAI's {"error": {...}} shape.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+from fastapi.responses import JSONResponse
+
+from typedlm.errors import InvalidRequest
+from typedlm.questions import Question, Text, parse_questions
+
+NOT_A_DECISION = (
+    "this server decides, it does not generate: put the questions (the `questions` object of /v1/systemone, "
+    "as JSON) in the system message and the document in the user message"
+)
+
+
+def openai_error(status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"):
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": None}}, status)
+
+
+def _text(content: Any) -> str | None:
+    """A message's text: a string, or the text parts of a content array."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+        if parts and all(isinstance(p, str) for p in parts):
+            return "".join(parts)
+    return None
+
+
+def parse_chat(body: Any) -> tuple[str | None, Text, dict[str, Question]]:
+    """(model, state, questions) from a chat completion body, or InvalidRequest."""
+    if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+        raise InvalidRequest("messages must be an array of chat messages", ("messages",))
+    messages = [m for m in body["messages"] if isinstance(m, dict)]
+    system = [_text(m.get("content")) for m in messages if m.get("role") in ("system", "developer")]
+    user = [_text(m.get("content")) for m in messages if m.get("role") == "user"]
+    try:
+        schema = json.loads(system[0]) if system and system[0] else None
+    except json.JSONDecodeError:
+        schema = None
+    if isinstance(schema, dict) and isinstance(schema.get("questions"), dict):
+        schema = schema["questions"]
+    looks_like_questions = (
+        isinstance(schema, dict) and schema and all(isinstance(q, dict) and "type" in q for q in schema.values())
+    )
+    if not looks_like_questions:
+        raise InvalidRequest(NOT_A_DECISION, ("messages",))
+    if len(user) != 1 or user[0] is None:
+        raise InvalidRequest("send exactly one user message holding the document as text", ("messages",))
+    model = body.get("model")
+    return (model if isinstance(model, str) else None), user[0], parse_questions(schema)
+
+
+def completion(model: str, answers: dict[str, Any], input_tokens: int) -> dict[str, Any]:
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": json.dumps(answers, ensure_ascii=False)},
+                "finish_reason": "stop",
+                "logprobs": None,
+            }
+        ],
+        "usage": {"prompt_tokens": input_tokens, "completion_tokens": 0, "total_tokens": input_tokens},
+    }

@@ -1,0 +1,69 @@
+"""Every error → status code and JSON body, in one place.
+
+Validation errors: 422 {"detail": [{"loc": ["body", ...], "msg", "type"}]}. Other errors:
+{"detail": {"error_type", "message"}}. A bad request is never a 5xx (the official SDK retries 5xx).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from typedlm.errors import InvalidRequest, LimitExceeded, TypedLMError
+
+
+class APIError(Exception):
+    """An error with its status code, error_type and message, raised anywhere in the server."""
+
+    def __init__(self, status: int, error_type: str, message: str, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status = status
+        self.error_type = error_type
+        self.message = message
+        self.headers = headers
+
+
+def error_body(error_type: str, message: str) -> dict[str, Any]:
+    return {"detail": {"error_type": error_type, "message": message}}
+
+
+def validation_body(loc: tuple | list, message: str, kind: str = "value_error") -> dict[str, Any]:
+    return {"detail": [{"loc": ["body", *loc], "msg": message, "type": kind}]}
+
+
+def to_response(exc: Exception) -> JSONResponse:
+    """The one mapping from exceptions to HTTP responses."""
+    if isinstance(exc, APIError):
+        return JSONResponse(error_body(exc.error_type, exc.message), exc.status, headers=exc.headers)
+    if isinstance(exc, LimitExceeded):
+        return JSONResponse(error_body("request_too_large", str(exc)), 413)
+    if isinstance(exc, InvalidRequest):
+        return JSONResponse(validation_body(exc.loc, exc.message, exc.kind), 422)
+    if isinstance(exc, TypedLMError):
+        return JSONResponse(error_body("model_error", str(exc)), 500)
+    return JSONResponse(error_body("internal_error", "the server failed to answer; this is a bug"), 500)
+
+
+_STATUS_TYPES = {401: "authentication_error", 404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
+
+
+def install_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    @app.exception_handler(TypedLMError)
+    @app.exception_handler(Exception)
+    async def _typed(_: Request, exc: Exception) -> JSONResponse:
+        return to_response(exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        error_type = _STATUS_TYPES.get(exc.status_code, "invalid_request_error")
+        return JSONResponse(error_body(error_type, str(exc.detail)), exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        detail = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
+        return JSONResponse({"detail": detail}, 422)

@@ -1,0 +1,99 @@
+"""Pydantic models of the wire format, for the OpenAPI document at /docs.
+
+Requests are validated by `typedlm.questions` (one source of truth for the rules and their messages);
+these models describe the same shapes for readers and client generators.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+JSONText = str | dict[str, Any] | list[Any]
+
+
+class NoulCriteria(BaseModel):
+    true: JSONText | None = Field(None, description="What counts as yes.")
+    false: JSONText | None = Field(None, description="What counts as no.")
+
+
+class NoulQuestion(BaseModel):
+    type: Literal["noul"]
+    instructions: JSONText | None = Field(None, examples=["Is this message about billing?"])
+    criteria: NoulCriteria | None = None
+
+
+class ChoiceQuestion(BaseModel):
+    type: Literal["choice"]
+    instructions: JSONText | None = Field(None, examples=["What is the tone of this message?"])
+    criteria: dict[str, JSONText | None] = Field(
+        ..., description="2 to 255 option names → descriptions (or null).", examples=[{"angry": "upset", "calm": None}]
+    )
+
+
+class ScoreQuestion(BaseModel):
+    type: Literal["score"]
+    instructions: JSONText | None = Field(None, examples=["How urgent is this message?"])
+    criteria: list[JSONText] = Field(
+        ..., description="2 to 10 ordered levels; level i scores i.", examples=[["low", "high"]]
+    )
+
+
+class SystemOneRequest(BaseModel):
+    model: str = Field(..., description="The served model's name, or the alias jev-latest.", examples=["jev-latest"])
+    state: JSONText = Field(..., description="The document every question refers to.")
+    questions: dict[str, NoulQuestion | ChoiceQuestion | ScoreQuestion] = Field(..., description="Named questions.")
+
+
+class NoulAnswer(BaseModel):
+    type: Literal["noul"]
+    noul: float = Field(..., description="P(yes).")
+    x_raw_mass: float = Field(..., description="Mass on any answer label before normalisation.")
+
+
+class ChoiceAnswer(BaseModel):
+    type: Literal["choice"]
+    choice: str
+    probabilities: dict[str, float]
+    confidence: float
+    x_raw_mass: float
+
+
+class ScoreAnswer(BaseModel):
+    type: Literal["score"]
+    score: float = Field(..., description="Expected level, Σ i·p_i.")
+    legend: dict[str, JSONText]
+    probabilities: dict[str, float]
+    confidence: float
+    x_raw_mass: float
+
+
+class Usage(BaseModel):
+    input_tokens: int
+    output_tokens: int
+
+
+class SystemOneResponse(BaseModel):
+    model: str
+    answers: dict[str, NoulAnswer | ChoiceAnswer | ScoreAnswer]
+    usage: Usage
+
+
+class ModelInfo(BaseModel):
+    name: str
+    description: str
+    release_date: str
+
+
+class ModelList(BaseModel):
+    models: list[ModelInfo]
+
+
+class ErrorDetail(BaseModel):
+    error_type: str
+    message: str
+
+
+class ErrorBody(BaseModel):
+    detail: ErrorDetail

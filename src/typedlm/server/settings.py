@@ -1,0 +1,26 @@
+"""Server settings: one object, built by the CLI (or tests) and handed to `create_app`."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+DEFAULT_ALIASES = ("jev-latest",)
+API_KEYS_ENV = "TYPEDLM_API_KEYS"
+
+
+def keys_from_env(environ: dict[str, str] | None = None) -> tuple[str, ...]:
+    """API keys from TYPEDLM_API_KEYS (comma-separated; blanks ignored)."""
+    raw = (environ if environ is not None else os.environ).get(API_KEYS_ENV, "")
+    return tuple(key.strip() for key in raw.split(",") if key.strip())
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    api_keys: tuple[str, ...] = ()  # empty: auth off
+    max_queue: int = 16  # requests running or waiting for the model; more get 503 + Retry-After
+    request_timeout_s: float = 300.0
+    max_body_bytes: int = 8 * 1024 * 1024  # after decompression too
+    aliases: tuple[str, ...] = DEFAULT_ALIASES  # model names that mean "the served model"
+    retry_after_s: int = 1
+    release_date: str = "2026-11-29"  # reported by /v1/models
