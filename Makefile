@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 # torch is pinned to the CPU build this project is tested with; override for CUDA, e.g. TORCH=torch==2.11.0
 TORCH ?= torch==2.13.0
 
-.PHONY: install install-dev demo test lint bench clean
+.PHONY: install install-dev demo serve test lint conformance bench clean
 
 $(VENV)/.typedlm-installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -27,13 +27,20 @@ install-dev: $(VENV)/.typedlm-dev
 demo: install
 	$(VENV)/bin/typedlm ask examples/request.json
 
+serve: install
+	$(VENV)/bin/typedlm serve
+
 lint: install-dev
-	$(VENV)/bin/ruff check src tests benchmarks examples
-	$(VENV)/bin/ruff format --check src tests benchmarks examples
+	$(VENV)/bin/ruff check src tests benchmarks examples scripts
+	$(VENV)/bin/ruff format --check src tests benchmarks examples scripts
 	$(VENV)/bin/lint-imports
+
+conformance: install-dev
+	VENV=$(VENV) bash scripts/conformance.sh
 
 test: lint
 	$(PY) -m pytest -q
+	$(MAKE) conformance
 
 bench: install
 	$(PY) benchmarks/packed_vs_per_question.py

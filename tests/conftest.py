@@ -7,6 +7,9 @@ the packed one-pass readout with an independent full forward per question (see `
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, Gemma3TextConfig, LlamaConfig, Qwen3Config
@@ -84,3 +87,42 @@ def reference_masses(model, full_ids: list[int], labels: LabelSet) -> list[float
             total += float(torch.exp(sum(logprobs[form[:k]][token].double() for k, token in enumerate(form))))
         masses.append(total)
     return masses
+
+
+class ServerThread:
+    """A real uvicorn server on a free loopback port, in a background thread, for one app."""
+
+    def __init__(self, app):
+        import uvicorn
+
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> str:
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            assert time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.01)
+        port = self.server.servers[0].sockets[0].getsockname()[1]
+        return f"http://127.0.0.1:{port}"
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=60)
+
+
+@pytest.fixture(scope="session")
+def server_url(real_decider):
+    from typedlm.server import ServerSettings, create_app
+
+    with ServerThread(create_app(real_decider, ServerSettings())) as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def keyed_server_url(real_decider):
+    from typedlm.server import ServerSettings, create_app
+
+    with ServerThread(create_app(real_decider, ServerSettings(api_keys=("key-one", "key-two")))) as url:
+        yield url

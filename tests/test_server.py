@@ -1,0 +1,268 @@
+"""The HTTP server on the real embedded model, through a real uvicorn server: official SDK, every error path."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import threading
+import time
+
+import httpx
+import pytest
+from backports import zstd
+from typesafe_sdk import Choice, Noul, Score, TypeSafeClient, TypeSafeUnprocessableEntityError
+from typesafe_sdk._core.compression import resolve_compression
+
+from typedlm.server import ServerSettings, create_app
+
+from .conftest import ServerThread
+
+QUESTIONS = {
+    "billing": {"type": "noul", "instructions": "Is this message about billing?"},
+    "tone": {"type": "choice", "criteria": {"angry": "upset", "calm": None, "ünïcode ✓": "other"}},
+    "urgency": {"type": "score", "instructions": "How urgent?", "criteria": ["low", "medium", "high"]},
+}
+BODY = {"model": "jev-latest", "state": "I was charged twice. Please refund me.", "questions": QUESTIONS}
+
+
+def post(url: str, body=None, *, content: bytes | None = None, headers=None, path="/v1/systemone") -> httpx.Response:
+    if content is None:
+        content = json.dumps(body).encode()
+    headers = {"content-type": "application/json", **(headers or {})}
+    return httpx.post(url + path, content=content, headers=headers, timeout=120)
+
+
+def assert_error(resp: httpx.Response, status: int, error_type: str, words: str = "") -> dict:
+    assert resp.status_code == status, resp.text
+    assert resp.headers["content-type"].startswith("application/json")
+    detail = resp.json()["detail"]
+    assert detail["error_type"] == error_type and words in detail["message"], detail
+    return detail
+
+
+def assert_validation(resp: httpx.Response, loc: list, words: str = "") -> None:
+    assert resp.status_code == 422, resp.text
+    (error,) = resp.json()["detail"]
+    assert error["loc"] == ["body", *loc] and words in error["msg"] and isinstance(error["type"], str), error
+
+
+# ---------------------------------------------------------------- the official client
+
+
+def test_official_sdk_with_default_settings_sends_zstd_and_parses_every_type(server_url):
+    assert resolve_compression(None) == "zstd", "typesafe-sdk[zstd] compresses large bodies by default"
+    state = {"ticket": "Charged twice for order 1182. " * 40, "customer": "Ada"}  # > 1 KiB: compressed
+    assert len(json.dumps(state)) > 1024
+    with TypeSafeClient(api_key="any-key-auth-is-off", base_url=server_url) as client:
+        response = client.system_one(
+            state,
+            {
+                "refund": Noul(instructions="Does the customer want money back?"),
+                "topic": Choice(criteria={"billing": "payments", "shipping": None, "日本": "other"}),
+                "urgency": Score(criteria=["low", "medium", "high"]),
+            },
+        )
+        models = client.models.list()
+    assert response.model == "smollm2-135m-instruct"
+    assert 0 <= response.answers["refund"].noul <= 1
+    assert set(response.answers["topic"].probabilities) == {"billing", "shipping", "日本"}
+    assert response.answers["urgency"].legend == {0: "low", 1: "medium", 2: "high"}  # the SDK keys levels by int
+    assert response.usage.input_tokens > 0
+    assert {m.name for m in models.models} == {"smollm2-135m-instruct", "jev-latest"}
+
+
+def test_the_sdk_body_really_arrives_zstd_compressed(real_decider):
+    seen = []
+
+    def recording(app):
+        async def wrapped(scope, receive, send):
+            if scope["type"] == "http":
+                seen.append(dict(scope["headers"]).get(b"content-encoding"))
+            await app(scope, receive, send)
+
+        return wrapped
+
+    with ServerThread(recording(create_app(real_decider))) as url, TypeSafeClient(api_key="k", base_url=url) as client:
+        client.system_one("x" * 2000, {"q": Noul(instructions="Is it long?")})
+    assert seen == [b"zstd"]
+
+
+def test_sdk_gets_validation_errors_as_exceptions(server_url):
+    with TypeSafeClient(api_key="k", base_url=server_url) as client, pytest.raises(TypeSafeUnprocessableEntityError):
+        client.system_one("s", {"q": {"type": "choice", "criteria": {"only": None}}})
+
+
+# ---------------------------------------------------------------- success shapes
+
+
+def test_answers_keep_option_names_byte_for_byte_and_prefix_extensions(server_url):
+    resp = post(server_url, BODY)
+    assert resp.status_code == 200 and resp.headers["content-type"] == "application/json"
+    body = resp.json()
+    assert set(body) == {"model", "answers", "usage"}
+    assert list(body["answers"]["tone"]["probabilities"]) == ["angry", "calm", "ünïcode ✓"]
+    for answer in body["answers"].values():
+        assert all(
+            key.startswith("x_")
+            for key in answer
+            if key not in {"type", "noul", "choice", "probabilities", "confidence", "score", "legend"}
+        )
+
+
+def test_unknown_fields_are_ignored_and_auth_headers_accepted_when_auth_is_off(server_url):
+    resp = post(server_url, {**BODY, "x_future": 1, "stream": False}, headers={"authorization": "Bearer whatever"})
+    assert resp.status_code == 200
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "zstd"])
+def test_compressed_bodies(server_url, encoding):
+    raw = json.dumps(BODY).encode()
+    packed = gzip.compress(raw) if encoding == "gzip" else zstd.compress(raw)
+    resp = post(server_url, content=packed, headers={"content-encoding": encoding})
+    assert resp.status_code == 200 and set(resp.json()["answers"]) == set(QUESTIONS)
+
+
+def test_models_health_and_docs(server_url):
+    models = httpx.get(server_url + "/v1/models").json()["models"]
+    assert [m["name"] for m in models] == ["smollm2-135m-instruct", "jev-latest"]
+    assert all(len(m["release_date"]) == 10 and m["description"] for m in models)
+    assert httpx.get(server_url + "/health").json()["status"] == "ok"
+    assert httpx.get(server_url + "/docs").status_code == 200
+    spec = httpx.get(server_url + "/openapi.json").json()
+    assert "SystemOneRequest" in spec["components"]["schemas"] and "/v1/chat/completions" in spec["paths"]
+
+
+# ---------------------------------------------------------------- errors
+
+
+def test_bad_json_is_a_422_in_the_validation_shape(server_url):
+    assert_validation(post(server_url, content=b'{"state": "s", "questions": '), [28], "JSON decode error")
+
+
+@pytest.mark.parametrize(
+    ("body", "loc", "words"),
+    [
+        ({**BODY, "state": None}, ["state"], "state is required"),
+        ({**BODY, "state": 5}, ["state"], "not int"),
+        ({**BODY, "questions": []}, ["questions"], "object"),
+        ({**BODY, "questions": {}}, ["questions"], "at least one"),
+        ({**BODY, "questions": {"q": {"type": "maybe"}}}, ["questions", "q", "type"], "unknown question type"),
+        ({**BODY, "questions": {"q": {"type": "box"}}}, ["questions", "q", "type"], "text only"),
+        ({**BODY, "assets": {"img": {"type": "image", "data_base64": "AA=="}}}, ["assets"], "text only"),
+        (
+            {**BODY, "questions": {"q": {"type": "choice", "criteria": {"a": None}}}},
+            ["questions", "q", "criteria"],
+            "2 to 255",
+        ),
+        (
+            {**BODY, "questions": {"q": {"type": "choice", "criteria": {str(i): None for i in range(256)}}}},
+            ["questions", "q", "criteria"],
+            "got 256",
+        ),
+        ({**BODY, "questions": {"q": {"type": "score", "criteria": ["one"]}}}, ["questions", "q", "criteria"], "got 1"),
+        (
+            {**BODY, "questions": {"q": {"type": "score", "criteria": list("abcdefghijk")}}},
+            ["questions", "q", "criteria"],
+            "got 11",
+        ),
+        (
+            {**BODY, "questions": {"q": {"type": "score", "criteria": {"0": "a", "1": "b"}}}},
+            ["questions", "q", "criteria"],
+            "array",
+        ),
+        (
+            {**BODY, "questions": {"q": {"type": "noul", "instructions": 7}}},
+            ["questions", "q", "instructions"],
+            "string",
+        ),
+        ([1, 2], [], "JSON object"),
+    ],
+)
+def test_invalid_requests_are_422_with_location_and_message(server_url, body, loc, words):
+    assert_validation(post(server_url, body), loc, words)
+
+
+def test_unknown_model_is_a_404_naming_the_served_models(server_url):
+    assert_error(post(server_url, {**BODY, "model": "gpt-9"}), 404, "model_not_found", "smollm2-135m-instruct")
+
+
+def test_a_state_longer_than_the_context_is_413_naming_the_limit(server_url):
+    assert_error(post(server_url, {**BODY, "state": "word " * 9000}), 413, "request_too_large", "at most 8192")
+
+
+def test_body_size_limits_hold_before_and_after_decompression(real_decider):
+    settings = ServerSettings(max_body_bytes=4096)
+    with ServerThread(create_app(real_decider, settings)) as url:
+        big = json.dumps({**BODY, "state": "x" * 5000}).encode()
+        assert_error(post(url, content=big), 413, "request_too_large", "4096 bytes")
+        bomb = zstd.compress(b" " * 10_000_000)  # tiny on the wire, 10 MB inflated
+        assert len(bomb) < 4096
+        assert_error(post(url, content=bomb, headers={"content-encoding": "zstd"}), 413, "request_too_large")
+        assert_error(
+            post(url, content=gzip.compress(big), headers={"content-encoding": "gzip"}), 413, "request_too_large"
+        )
+        assert post(url, BODY).status_code == 200
+
+
+def test_bad_encodings(server_url):
+    assert_error(
+        post(server_url, content=b"not zstd", headers={"content-encoding": "zstd"}), 400, "invalid_request_error"
+    )
+    assert_error(
+        post(server_url, content=b"not gzip", headers={"content-encoding": "gzip"}), 400, "invalid_request_error"
+    )
+    assert_error(
+        post(server_url, content=b"{}", headers={"content-encoding": "br"}), 415, "unsupported_media_type", "br"
+    )
+
+
+def test_routes_and_methods_errors_are_json(server_url):
+    assert_error(httpx.get(server_url + "/v1/systemone"), 405, "method_not_allowed")
+    assert_error(httpx.get(server_url + "/v1/nothing"), 404, "not_found")
+
+
+@pytest.mark.parametrize(
+    ("headers", "words"),
+    [
+        ({}, "required"),
+        ({"authorization": "Bearer wrong"}, "not valid"),
+        ({"authorization": "Basic a2V5LW9uZQ=="}, "Bearer"),
+        ({"x-api-key": "key-one"}, "required"),
+    ],
+)
+def test_auth_refuses_missing_and_wrong_keys(keyed_server_url, headers, words):
+    detail = assert_error(post(keyed_server_url, BODY, headers=headers), 401, "authentication_error", words)
+    assert detail
+    assert httpx.get(keyed_server_url + "/v1/models", headers=headers).status_code == 401
+
+
+@pytest.mark.parametrize("key", ["key-one", "key-two"])
+def test_auth_accepts_every_configured_key(keyed_server_url, key):
+    assert post(keyed_server_url, BODY, headers={"authorization": f"Bearer {key}"}).status_code == 200
+    with TypeSafeClient(api_key=key, base_url=keyed_server_url) as client:
+        assert client.models.list().models
+
+
+def test_a_full_queue_gets_503_with_retry_after_and_the_running_request_finishes(real_decider):
+    settings = ServerSettings(max_queue=1, retry_after_s=2)
+    slow = {**BODY, "state": "The customer wrote a long letter about many things. " * 300}  # ~3k tokens
+    with ServerThread(create_app(real_decider, settings)) as url:
+        results = {}
+        first = threading.Thread(target=lambda: results.setdefault("first", post(url, slow)))
+        first.start()
+        deadline = time.monotonic() + 30
+        while httpx.get(url + "/health").json()["pending"] < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        busy = post(url, BODY)
+        first.join(timeout=300)
+    assert_error(busy, 503, "overloaded", "busy")
+    assert busy.headers["retry-after"] == "2"
+    assert results["first"].status_code == 200
+
+
+def test_a_request_over_its_timeout_gets_504(real_decider):
+    settings = ServerSettings(request_timeout_s=0.05)
+    slow = {**BODY, "state": "A long letter. " * 500}
+    with ServerThread(create_app(real_decider, settings)) as url:
+        assert_error(post(url, slow), 504, "timeout", "0.05 s")
