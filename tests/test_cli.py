@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import socket
 import subprocess
 import sys
+import threading
+import time
 
+import httpx
 import pytest
+
+from typedlm.server.settings import keys_from_env
 
 REQUEST = {
     "model": "jev-latest",
@@ -70,3 +78,59 @@ def test_a_missing_file_and_a_missing_model_are_clear_errors(tmp_path):
     assert done.returncode == 2 and "cannot read" in done.stderr
     done = typedlm("ask", "--model", str(tmp_path / "missing.gguf"), stdin=json.dumps(REQUEST))
     assert done.returncode == 3 and "does not exist" in done.stderr
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_serve_with_env_and_flag_keys_finishes_in_flight_requests_on_sigterm(embedded_dir):
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "TYPEDLM_API_KEYS": "env-key, other-key"}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "typedlm.cli", "serve", "--port", str(port), "--api-key", "flag-key"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert server.poll() is None, server.stderr.read()
+            try:
+                if httpx.get(url + "/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.2)
+        slow = {**REQUEST, "state": "A long complaint about a parcel. " * 300}
+        for key in ("flag-key", "env-key", "other-key"):
+            assert httpx.get(url + "/v1/models", headers={"authorization": f"Bearer {key}"}).status_code == 200
+        assert httpx.get(url + "/v1/models").status_code == 401
+        results = {}
+        headers = {"authorization": "Bearer env-key"}
+        worker = threading.Thread(
+            target=lambda: results.setdefault(
+                "r", httpx.post(url + "/v1/systemone", json=slow, headers=headers, timeout=300)
+            )
+        )
+        worker.start()
+        while httpx.get(url + "/health").json()["pending"] < 1:
+            time.sleep(0.01)
+        server.send_signal(signal.SIGTERM)  # while the request is in flight
+        worker.join(timeout=300)
+        assert results["r"].status_code == 200 and set(results["r"].json()["answers"]) == set(REQUEST["questions"])
+        assert server.wait(timeout=120) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal once it is done
+    finally:
+        server.kill()
+        server.wait()
+
+
+def test_keys_from_env():
+    assert keys_from_env({"TYPEDLM_API_KEYS": " a, ,b ,"}) == ("a", "b")
+    assert keys_from_env({}) == ()
