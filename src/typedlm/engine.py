@@ -20,6 +20,8 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
+from typedlm.attention import IMPLEMENTATION as CASCADE
+from typedlm.attention import CascadePlan
 from typedlm.errors import ModelError
 from typedlm.packing import PackedBatch, PackedItem, pack
 
@@ -39,10 +41,17 @@ class PrefixKV:
 
 
 class Engine:
-    """Reads answer probabilities from a Hugging Face causal LM."""
+    """Reads answer probabilities from a Hugging Face causal LM.
 
-    def __init__(self, model: torch.nn.Module):
+    With `cascade` (the default for SDPA models) attention runs as a cascade (see `attention`): the shared
+    prefix and each question's own rows apart, merged exactly. Otherwise one masked attention per layer.
+    """
+
+    def __init__(self, model: torch.nn.Module, cascade: bool = True):
         self.model = model
+        self.cascade = cascade and model.config._attn_implementation in ("sdpa", CASCADE)
+        if self.cascade:
+            model.set_attn_implementation(CASCADE)
         self.body = model.get_decoder()
         head = model.get_output_embeddings()
         if head is None:
@@ -57,7 +66,7 @@ class Engine:
         if unknown:
             raise ModelError(f"unsupported attention layer types {sorted(unknown)}")
         self.sliding_window = getattr(config, "sliding_window", None)
-        self.additive_mask = getattr(model.config, "_attn_implementation", "sdpa") == "eager"
+        self.additive_mask = model.config._attn_implementation == "eager"
         self.max_positions = getattr(config, "max_position_embeddings", None)
         # transformers renamed past_key_values= to cache= (5.2x); use whichever this version takes.
         params = inspect.signature(self.body.forward).parameters
@@ -85,10 +94,20 @@ class Engine:
             # input_ids, position_ids: [1, T]
             input_ids = torch.tensor([list(ids)], device=self.device)
             position_ids = torch.arange(start, start + len(ids), device=self.device)[None]
-            self.body(input_ids=input_ids, position_ids=position_ids, use_cache=True, **{self.cache_kwarg: cache})
+            extra = {"typedlm_plan": CascadePlan.causal(start, len(ids), self.device)} if self.cascade else {}
+            self.body(
+                input_ids=input_ids, position_ids=position_ids, use_cache=True, **{self.cache_kwarg: cache}, **extra
+            )
         return cache, start + len(ids)
 
+    def _plan(self, batch: PackedBatch) -> CascadePlan:
+        index, valid = batch.segment_index()
+        own_mask = torch.from_numpy(batch.segment_visibility()).to(self.device)
+        to_device = lambda a: torch.from_numpy(a).to(self.device)  # noqa: E731
+        return CascadePlan(batch.prefix_len, to_device(index), to_device(valid), own_mask)
+
     def _masks(self, batch: PackedBatch):
+        """Masks for layers that do not run the cascade (all of them without it; sliding-window layers with it)."""
         dtype = next(self.body.parameters()).dtype
 
         def fmt(mask: torch.Tensor) -> torch.Tensor:
@@ -97,7 +116,7 @@ class Engine:
                 return mask
             return torch.zeros(mask.shape, dtype=dtype, device=self.device).masked_fill(~mask, torch.finfo(dtype).min)
 
-        full = fmt(batch.attention_mask())
+        full = None if self.cascade else fmt(batch.attention_mask())
         if not self.layer_types:
             return full
         masks = {"full_attention": full}
@@ -117,12 +136,14 @@ class Engine:
         # input_ids, position_ids: [1, N]
         input_ids = torch.from_numpy(batch.input_ids).to(self.device)[None]
         position_ids = torch.from_numpy(batch.position_ids).to(self.device)[None]
+        extra = {"typedlm_plan": self._plan(batch)} if self.cascade else {}
         out = self.body(
             input_ids=input_ids,
             position_ids=position_ids,
             attention_mask=self._masks(batch),
             use_cache=True,
             **{self.cache_kwarg: cache},
+            **extra,
         )
         hidden = out.last_hidden_state[0, torch.from_numpy(batch.read_rows).to(self.device)]  # [R, D]
         logprobs = self._log_softmax_head(hidden)  # [R, V]

@@ -47,15 +47,42 @@ class PackedBatch:
     def n_rows(self) -> int:
         return len(self.input_ids)
 
+    @property
+    def segments(self) -> list[tuple[int, int]]:
+        """(start, end) packed rows of each item; an item starts where a row attaches to the prefix."""
+        starts = np.flatnonzero(self.parent < 0).tolist()
+        return list(zip(starts, [*starts[1:], self.n_rows]))
+
+    def segment_visibility(self) -> np.ndarray:
+        """[G, S, S] bool, S = the longest item: local row i of item g may attend its local row j."""
+        segments = self.segments
+        width = max(end - start for start, end in segments)
+        visible = np.zeros((len(segments), width, width), dtype=bool)
+        for g, (start, end) in enumerate(segments):
+            for i in range(end - start):
+                p = self.parent[start + i]
+                if p >= 0:
+                    visible[g, i] = visible[g, p - start]
+                visible[g, i, i] = True
+        return visible
+
+    def segment_index(self) -> tuple[np.ndarray, np.ndarray]:
+        """index [G, S] (packed row of each local row, 0 as padding) and valid [G, S]."""
+        segments = self.segments
+        width = max(end - start for start, end in segments)
+        local = np.arange(width)
+        starts = np.array([start for start, _ in segments])[:, None]
+        lengths = np.array([end - start for start, end in segments])[:, None]
+        valid = local[None] < lengths
+        return np.where(valid, starts + local[None], 0), valid
+
     def visibility(self) -> np.ndarray:
         """[N, N] bool: row i may attend packed row j (j is i or an ancestor of i)."""
         # visible: [N, N]
-        n = self.n_rows
-        visible = np.zeros((n, n), dtype=bool)
-        for i, p in enumerate(self.parent):
-            if p >= 0:
-                visible[i] = visible[p]
-            visible[i, i] = True
+        visible = np.zeros((self.n_rows, self.n_rows), dtype=bool)
+        blocks = self.segment_visibility()
+        for (start, end), block in zip(self.segments, blocks):
+            visible[start:end, start:end] = block[: end - start, : end - start]
         return visible
 
     def attention_mask(self, sliding_window: int | None = None) -> torch.Tensor:
