@@ -126,7 +126,13 @@ def test_models_health_and_docs(server_url):
     models = httpx.get(server_url + "/v1/models").json()["models"]
     assert [m["name"] for m in models] == ["smollm2-135m-instruct", "jev-latest"]
     assert all(len(m["release_date"]) == 10 and m["description"] for m in models)
-    assert httpx.get(server_url + "/health").json()["status"] == "ok"
+    health = httpx.get(server_url + "/health").json()
+    assert health["status"] == "ok" and health["prefix_cache"]["max_bytes"] > 0
+    post(server_url, BODY)
+    post(server_url, BODY)  # the same state again: a prefix-cache hit
+    metrics = httpx.get(server_url + "/metrics").text
+    hits = next(line for line in metrics.splitlines() if line.startswith("typedlm_prefix_cache_hits_total"))
+    assert int(hits.split()[1]) >= 1 and "typedlm_requests_pending 0" in metrics
     assert httpx.get(server_url + "/docs").status_code == 200
     spec = httpx.get(server_url + "/openapi.json").json()
     assert "SystemOneRequest" in spec["components"]["schemas"] and "/v1/chat/completions" in spec["paths"]

@@ -55,6 +55,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--timeout", type=float, default=300.0, help="seconds per request before a 504 (default 300)")
     serve.add_argument("--max-body-bytes", type=int, default=8 << 20, help="request body limit, after decompression")
     serve.add_argument("--max-input-tokens", type=int, default=None, help="tokens per request (default: the context)")
+    serve.add_argument(
+        "--prefix-cache-mb",
+        type=int,
+        default=1024,
+        help="memory for prefilled documents reused across requests (0: off)",
+    )
     return parser
 
 
@@ -96,7 +102,9 @@ def serve(args: argparse.Namespace) -> int:
         request_timeout_s=args.timeout,
         max_body_bytes=args.max_body_bytes,
     )
-    decider = Decider.load(args.model, args.device, args.dtype, max_input_tokens=args.max_input_tokens)
+    decider = Decider.load(
+        args.model, args.device, args.dtype, args.max_input_tokens, prefix_cache_bytes=args.prefix_cache_mb << 20
+    )
     auth = f"{len(settings.api_keys)} API key(s)" if settings.api_keys else "auth off"
     print(f"typedlm: serving {decider.name} on http://{args.host}:{args.port} ({auth})", file=sys.stderr, flush=True)
     uvicorn.run(create_app(decider, settings), host=args.host, port=args.port, timeout_graceful_shutdown=60)

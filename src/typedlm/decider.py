@@ -25,7 +25,8 @@ from typedlm.errors import LimitExceeded
 from typedlm.labels import Labeler, LabelSet
 from typedlm.models import LoadedModel, load_model
 from typedlm.packing import PackedItem
-from typedlm.prompt import ChatLayout, common_prefix_length
+from typedlm.prefix_cache import PrefixCache
+from typedlm.prompt import ChatLayout
 from typedlm.questions import (
     MAX_LEVELS,
     MAX_OPTIONS,
@@ -39,11 +40,18 @@ from typedlm.questions import (
     parse_state,
 )
 
+DEFAULT_PREFIX_CACHE_BYTES = 1 << 30
+
 
 class Decider:
     """A loaded model ready to answer typed questions about documents."""
 
-    def __init__(self, loaded: LoadedModel, max_input_tokens: int | None = None):
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        max_input_tokens: int | None = None,
+        prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
+    ):
         self.name = loaded.name
         self.tokenizer = loaded.tokenizer
         self.engine = Engine(loaded.model)
@@ -54,6 +62,9 @@ class Decider:
         # The system prompt's keys/values, computed once and shared by every request.
         cache, length = self.engine.prefill(self.layout.system_ids)
         self.system_kv: PrefixKV = Engine.snapshot(cache, length)
+        # Prefilled documents across requests (0 bytes: only the system prompt is reused).
+        self.prefix_cache = PrefixCache(prefix_cache_bytes)
+        self.prefix_cache.pin(self.layout.system_ids, self.system_kv)
 
     @classmethod
     def load(
@@ -62,9 +73,10 @@ class Decider:
         device: str = "cpu",
         dtype: str | None = None,
         max_input_tokens: int | None = None,
+        prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
     ) -> Decider:
         """Load a model (None: the embedded default) and prepare it; see `typedlm.models.load_model`."""
-        return cls(load_model(model, device, dtype), max_input_tokens)
+        return cls(load_model(model, device, dtype), max_input_tokens, prefix_cache_bytes)
 
     def labels_for(self, question: Question) -> LabelSet:
         if isinstance(question, NoulQuestion):
@@ -105,10 +117,12 @@ class Decider:
         items = [PackedItem(ids, self.labels_for(questions[q])) for q, ids in zip(qids, prompt.suffix_ids)]
         # 3. limits
         self._check_limits(len(prompt.prefix_ids), items, qids)
-        # 4. prefill the state on top of the cached system prompt (as much of it as the ids share)
-        shared = common_prefix_length(self.layout.system_ids, prompt.prefix_ids)
-        base = self.system_kv if shared == self.system_kv.length else self.system_kv.truncated(shared)
+        # 4. prefill the state on top of the longest cached prefix (at least the system prompt, usually)
+        base = self.prefix_cache.lookup(prompt.prefix_ids)
+        shared = base.length if base else 0
         cache, prefix_len = self.engine.prefill(prompt.prefix_ids[shared:], base)
+        if prefix_len > shared:
+            self.prefix_cache.insert(prompt.prefix_ids, Engine.snapshot(cache, prefix_len))
         # 5. one packed forward for every question
         masses = self.engine.score(cache, prefix_len, items)
         # 6. answers
@@ -126,6 +140,10 @@ class Decider:
             return ChoiceAnswer(by_name, choice_confidence(probs), raw_mass)
         assert isinstance(question, ScoreQuestion)
         return ScoreAnswer(tuple(probs), question.levels, score_confidence(probs), raw_mass)
+
+    def stats(self) -> dict[str, dict[str, int]]:
+        """Counters for monitoring: the prefix cache's hits, misses, entries and bytes."""
+        return {"prefix_cache": self.prefix_cache.stats()}
 
     def decide_wire(self, state: Any, questions: Any) -> Response:
         """Like `decide`, from JSON values: validates them first (raises `InvalidRequest`)."""

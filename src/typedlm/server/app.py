@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.openapi.utils import get_openapi
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 
 from typedlm.answers import Response
 from typedlm.errors import InvalidRequest, LimitExceeded
@@ -32,6 +32,8 @@ class DeciderLike(Protocol):
     name: str
 
     def decide(self, state: Text, questions: Mapping[str, Question]) -> Response: ...
+
+    def stats(self) -> dict[str, dict[str, int]]: ...
 
 
 def create_app(decider: DeciderLike, settings: ServerSettings | None = None) -> FastAPI:
@@ -91,9 +93,24 @@ def create_app(decider: DeciderLike, settings: ServerSettings | None = None) -> 
         aliases = [{"name": alias, "description": f"Alias of {decider.name}"} for alias in settings.aliases]
         return {"models": [{**m, "release_date": settings.release_date} for m in [served, *aliases]]}
 
-    @app.get("/health", summary="Liveness and queue depth")
+    @app.get("/health", summary="Liveness, queue depth and cache counters")
     async def health() -> dict[str, Any]:
-        return {"status": "ok", "model": decider.name, "pending": worker.pending, "max_queue": worker.max_pending}
+        return {
+            "status": "ok",
+            "model": decider.name,
+            "pending": worker.pending,
+            "max_queue": worker.max_pending,
+            **decider.stats(),
+        }
+
+    @app.get("/metrics", summary="Prometheus metrics", response_class=PlainTextResponse)
+    async def metrics() -> str:
+        lines = [f"typedlm_requests_pending {worker.pending}"]
+        for group, counters in decider.stats().items():
+            for name, value in counters.items():
+                suffix = "_total" if name in ("hits", "partial_hits", "misses", "reused_tokens") else ""
+                lines.append(f"typedlm_{group}_{name}{suffix} {value}")
+        return "\n".join(lines) + "\n"
 
     @app.post("/v1/chat/completions", dependencies=[Depends(authorized)], summary="A decision in the OpenAI chat shape")
     async def chat_completions(request: Request) -> JSONResponse:
