@@ -42,8 +42,11 @@ test: lint
 	$(PY) -m pytest -q
 	$(MAKE) conformance
 
-bench: install
-	$(PY) benchmarks/packed_vs_per_question.py
+bench: install-dev
+	$(PY) -m pip install -q matplotlib
+	# open peers, for side-by-side rows: only their code (their needs are typedlm's own)
+	$(PY) -m pip install -q --no-deps anyjev==0.3.0 llm2jev==0.6.1
+	$(PY) benchmarks/latency.py
 
 clean:
 	rm -rf $(VENV)
