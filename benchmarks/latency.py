@@ -26,6 +26,7 @@ import os
 import re
 import statistics
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -251,12 +252,16 @@ def main() -> None:
         "generate": generate,
     }
     peers_wanted = args.strategies is None or not set(args.strategies) <= set(strategies)
-    if peers_wanted and not args.random_qwen3_06b and args.model is None and args.device == "cpu":
+    if peers_wanted and args.model is None:
         sys.path.insert(0, str(Path(__file__).parent))
         from peers import peer_runners  # runs only the peers that are installed
 
         model_dir = str(loaded.model.config._name_or_path)
-        for name, run in peer_runners(model_dir, args.device).items():
+        if args.random_qwen3_06b:  # the peers load models from a directory: give them the same weights
+            model_dir = tempfile.mkdtemp(prefix="typedlm-bench-")
+            loaded.model.save_pretrained(model_dir)
+            loaded.tokenizer.save_pretrained(model_dir)
+        for name, run in peer_runners(model_dir, args.device, dtype=dtype).items():
             strategies[name] = lambda _d, state, qs, run=run: run(state, wire(qs)) and None
     if args.strategies:
         strategies = {k: v for k, v in strategies.items() if k in args.strategies}

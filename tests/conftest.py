@@ -7,6 +7,7 @@ the packed one-pass readout with an independent full forward per question (see `
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -27,8 +28,11 @@ def embedded_dir():
 
 
 @pytest.fixture(scope="session")
-def tokenizer(embedded_dir):
-    return AutoTokenizer.from_pretrained(embedded_dir)
+def tokenizer(request):
+    # TYPEDLM_TEST_TOKENIZER: a directory with the embedded model's tokenizer, for machines without the GGUF
+    # (tiny-model tests need only the tokenizer).
+    override = os.environ.get("TYPEDLM_TEST_TOKENIZER")
+    return AutoTokenizer.from_pretrained(override or request.getfixturevalue("embedded_dir"))
 
 
 def tiny_config(family: str, vocab_size: int):
@@ -78,7 +82,8 @@ def reference_masses(model, full_ids: list[int], labels: LabelSet) -> list[float
     nodes = {form[:k] for forms in labels.groups for form in forms for k in range(len(form))}
     logprobs = {}
     for node in nodes:
-        logits = model(torch.tensor([full_ids + list(node)]), logits_to_keep=1).logits[0, -1].float()
+        ids = torch.tensor([full_ids + list(node)], device=model.device)
+        logits = model(ids, logits_to_keep=1).logits[0, -1].float()
         logprobs[node] = torch.log_softmax(logits, dim=-1)
     masses = []
     for forms in labels.groups:

@@ -88,6 +88,7 @@ def test_limits_are_checked_before_any_model_work(real_decider, monkeypatch):
     def no_model_work(*args, **kwargs):
         raise AssertionError("the model ran on an over-long request")
 
+    monkeypatch.setattr(real_decider.engine, "run", no_model_work)
     monkeypatch.setattr(real_decider.engine, "prefill", no_model_work)
     long_state = "word " * 9000  # SmolLM2 reads 8192 positions
     with pytest.raises(LimitExceeded, match="at most 8192"):

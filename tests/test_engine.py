@@ -107,3 +107,28 @@ def test_score_rejects_a_cache_of_the_wrong_length(tokenizer):
     cache, length = engine.prefill([1, 2, 3])
     with pytest.raises(AssertionError):
         engine.score(cache, length + 1, [PackedItem([4], LabelSet.build([[(5,)], [(6,)]]))])
+
+
+def test_a_bfloat16_head_is_applied_in_float32(tokenizer):
+    model = tiny_model("qwen3", len(tokenizer)).to(torch.bfloat16)
+    engine = Engine(model)
+    hidden = torch.randn(3, 64)
+    weight = model.get_output_embeddings().weight
+    want = torch.log_softmax(hidden @ weight.float().T, dim=-1)  # every vocabulary chunk included
+    assert torch.allclose(engine._log_softmax_head(hidden), want, atol=1e-5)
+
+
+def test_one_forward_run_equals_prefill_then_score(tokenizer):
+    model = tiny_model("llama", len(tokenizer), seed=2)
+    fused = Engine(model)
+    assert fused.fused, "a model without sliding windows runs document and questions in one forward"
+    two_step = Engine(model, cascade=False)
+    assert not two_step.fused
+    labels = LabelSet.build([[(5, 7)], [(5, 8)], [(9,)]])
+    items = [PackedItem([400, 401, 402], labels), PackedItem([500, 501], labels)]
+    base = fused.snapshot(*fused.prefill([11, 23, 45]))
+    got, cache, length = fused.run([67, 89, 101, 300], items, base)
+    assert length == 7 and cache.get_seq_length() >= length
+    want = two_step.score(*two_step.prefill([67, 89, 101, 300], base), items)
+    assert max(abs(a - b) for g, w in zip(got, want, strict=True) for a, b in zip(g, w, strict=True)) < 1e-7
+    assert not Engine(tiny_model("gemma3", len(tokenizer))).fused  # sliding windows: two forwards

@@ -10,8 +10,9 @@ which costs the fast kernels. The cascade splits it:
     merge:        lse = logaddexp(lse_p, lse_o);  out = out_p·e^(lse_p−lse) + out_o·e^(lse_o−lse)
 
 which is exactly softmax attention over the union of the two key sets. A row's numbers no longer depend on
-where other questions sit in the packed sequence. Prefill uses the same split: the cached prefix, then the
-new tokens causally.
+where other questions sit in the packed sequence. A forward may also begin with document rows (prefill):
+they see the cached prefix and each other causally, and the packed rows after them see them all, so the
+document and every question can run in ONE forward.
 
 It is registered as the attention implementation "typedlm_cascade"; a forward without a `typedlm_plan`
 keyword, and sliding-window layers, fall through to transformers' SDPA with the masks they were given.
@@ -31,21 +32,33 @@ IMPLEMENTATION = "typedlm_cascade"
 
 @dataclass(frozen=True)
 class CascadePlan:
-    """How the keys of one forward split: a shared prefix, then segments of new rows.
+    """How the keys of one forward split. Rows of the forward, in order:
 
-    `index` [G, S] lists each segment's packed rows (padded with 0 where `valid` [G, S] is False);
-    `own_mask` [G, S, S] says which of its own rows a row sees; None means causal (prefill).
+    - `state_rows` document rows: they see the cached prefix and, causally, each other (prefill);
+    - packed rows, in segments (one per question): they see the cached prefix, every document row, and
+      their own segment by `own_mask` [G, S, S]. `index` [G, S] lists each segment's packed rows
+      (counted from the first packed row; padded with 0 where `valid` [G, S] is False).
     """
 
     prefix_len: int
-    index: torch.Tensor
-    valid: torch.Tensor
-    own_mask: torch.Tensor | None
+    state_rows: int = 0
+    index: torch.Tensor | None = None
+    valid: torch.Tensor | None = None
+    own_mask: torch.Tensor | None = None
 
     @classmethod
-    def causal(cls, prefix_len: int, rows: int, device: torch.device | str) -> CascadePlan:
-        index = torch.arange(rows, device=device)[None]  # [1, T]
-        return cls(prefix_len, index, torch.ones_like(index, dtype=torch.bool), None)
+    def causal(cls, prefix_len: int, rows: int) -> CascadePlan:
+        """A plain prefill: `rows` document rows after `prefix_len` cached ones."""
+        return cls(prefix_len, state_rows=rows)
+
+
+def _merge(
+    out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention over the union of two disjoint key sets, from each set's output and log-sum-exp."""
+    # out: [..., L, D] float32, lse: [..., L]
+    total = torch.logaddexp(lse_a, lse_b)
+    return out_a * torch.exp(lse_a - total)[..., None] + out_b * torch.exp(lse_b - total)[..., None], total
 
 
 def _expand_kv(kv: torch.Tensor, heads: int) -> torch.Tensor:
@@ -72,6 +85,19 @@ def attend_with_lse(
     if mask is None and q.device.type == "cpu":
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, scale=scale)
         return out, lse.float()
+    if mask is None and q.device.type == "cuda":
+        try:
+            if q.dtype in (torch.float16, torch.bfloat16):
+                out, lse = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=scale)[
+                    :2
+                ]
+            else:
+                out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(
+                    q, k, v, None, True, 0.0, causal, scale=scale
+                )[:2]
+            return out, lse[..., : q.shape[-2]].float()
+        except RuntimeError:  # a shape or dtype these kernels do not take: the plain computation below
+            pass
     scores = (q.float() @ k.float().transpose(-1, -2)) * scale  # [B, H, L, K]
     if causal:
         mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
@@ -102,27 +128,34 @@ def cascade_attention(
     plan = typedlm_plan
     heads, rows, dim = query.shape[1], query.shape[2], query.shape[3]
     scale = scaling if scaling is not None else dim**-0.5
-    p = plan.prefix_len
+    p, t = plan.prefix_len, plan.state_rows
     assert key.shape[0] == 1 and key.shape[2] == p + rows, "the cache must hold the prefix and these rows"
     key, value = _expand_kv(key, heads), _expand_kv(value, heads)
-    # own part: each segment's queries over its own keys, segments as a batch
-    own_q = query[0][:, plan.index].transpose(0, 1)  # [G, H, S, D]
-    own_k = key[0, :, p:][:, plan.index].transpose(0, 1)  # [G, H, S, D]
-    own_v = value[0, :, p:][:, plan.index].transpose(0, 1)
-    own_mask = None if plan.own_mask is None else plan.own_mask[:, None]  # [G, 1, S, S]
-    out_o, lse_o = attend_with_lse(own_q, own_k, own_v, scale, causal=own_mask is None, mask=own_mask)
-    # back to packed rows: out [H, N, D], lse [H, N]
-    flat = plan.index[plan.valid]  # [N]
-    out = torch.empty(heads, rows, dim, dtype=torch.float32, device=query.device)
-    lse = torch.empty(heads, rows, dtype=torch.float32, device=query.device)
-    out[:, flat] = out_o.transpose(0, 1)[:, plan.valid].float()
-    lse[:, flat] = lse_o.transpose(0, 1)[:, plan.valid]
-    if p:
-        # prefix part: every row over the shared prefix, no mask
-        out_p, lse_p = attend_with_lse(query, key[:, :, :p], value[:, :, :p], scale)
-        total = torch.logaddexp(lse, lse_p[0])
-        out = out * torch.exp(lse - total)[..., None] + out_p[0].float() * torch.exp(lse_p[0] - total)[..., None]
-    return out.to(query.dtype).transpose(0, 1)[None].contiguous(), None  # [1, N, H, D]
+    parts = []
+    if t:  # document rows: themselves causally, then the cached prefix
+        out, lse = attend_with_lse(query[:, :, :t], key[:, :, p : p + t], value[:, :, p : p + t], scale, causal=True)
+        out = out.float()
+        if p:
+            out_p, lse_p = attend_with_lse(query[:, :, :t], key[:, :, :p], value[:, :, :p], scale)
+            out, lse = _merge(out, lse, out_p.float(), lse_p)
+        parts.append(out[0])  # [H, T, D]
+    if rows > t:  # packed rows: their own segment, then everything before the packed rows
+        n, base = rows - t, p + t
+        own_q = query[0, :, t:][:, plan.index].transpose(0, 1)  # [G, H, S, D]
+        own_k = key[0, :, base:][:, plan.index].transpose(0, 1)  # [G, H, S, D]
+        own_v = value[0, :, base:][:, plan.index].transpose(0, 1)
+        out_o, lse_o = attend_with_lse(own_q, own_k, own_v, scale, mask=plan.own_mask[:, None])
+        flat = plan.index[plan.valid]  # [N]: segment slots back to packed rows
+        out = torch.empty(heads, n, dim, dtype=torch.float32, device=query.device)
+        lse = torch.empty(heads, n, dtype=torch.float32, device=query.device)
+        out[:, flat] = out_o.transpose(0, 1)[:, plan.valid].float()
+        lse[:, flat] = lse_o.transpose(0, 1)[:, plan.valid]
+        if base:
+            out_s, lse_s = attend_with_lse(query[:, :, t:], key[:, :, :base], value[:, :, :base], scale)
+            out, lse = _merge(out, lse, out_s[0].float(), lse_s[0])
+        parts.append(out)  # [H, N, D]
+    out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+    return out.to(query.dtype).transpose(0, 1)[None].contiguous(), None  # [1, rows, H, D]
 
 
 AttentionInterface.register(IMPLEMENTATION, cascade_attention)

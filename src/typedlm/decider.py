@@ -8,8 +8,8 @@ Request path (each step names the module that does it):
 1. labels for every question, verified against the tokenizer at load      (labels)
 2. prompt text → shared prefix ids + one suffix per question               (prompt)
 3. limits, checked on token counts before any model work                   (here)
-4. prefill the state over the system prompt's cached keys/values          (engine)
-5. one packed forward over every suffix and label tree, read the label mass (engine, packing)
+4. the state's new tokens over the longest cached prefix (system prompt, earlier documents), and
+5. every suffix and label tree packed after them, in ONE forward; read the label mass (engine, packing)
 6. normalise, confidence, wire shape                                       (confidence, answers)
 """
 
@@ -118,13 +118,12 @@ class Decider:
         # 3. limits
         self._check_limits(len(prompt.prefix_ids), items, qids)
         # 4. prefill the state on top of the longest cached prefix (at least the system prompt, usually)
+        # 5. and every question packed after it, in one forward (two for sliding-window models)
         base = self.prefix_cache.lookup(prompt.prefix_ids)
         shared = base.length if base else 0
-        cache, prefix_len = self.engine.prefill(prompt.prefix_ids[shared:], base)
+        masses, cache, prefix_len = self.engine.run(prompt.prefix_ids[shared:], items, base)
         if prefix_len > shared:
             self.prefix_cache.insert(prompt.prefix_ids, Engine.snapshot(cache, prefix_len))
-        # 5. one packed forward for every question
-        masses = self.engine.score(cache, prefix_len, items)
         # 6. answers
         answers = {q: self._answer(questions[q], m) for q, m in zip(qids, masses)}
         processed = (prefix_len - shared) + sum(len(i.suffix_ids) + len(i.labels.inner_nodes) for i in items)

@@ -26,6 +26,7 @@ from typedlm.errors import ModelError
 from typedlm.packing import PackedBatch, PackedItem, pack
 
 SUPPORTED_LAYER_TYPES = ("full_attention", "sliding_attention")
+HEAD_CHUNK_ROWS = 16384  # vocabulary rows of the LM head converted to float32 at a time
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ class Engine:
         if head is None:
             raise ModelError("the model has no LM head to read answers from")
         self.device = head.weight.device
-        self.head_weight = head.weight.detach().to(torch.float32)  # [V, D], fp32 head (a copy unless fp32)
+        self.head_weight = head.weight.detach()  # [V, D], applied in float32 chunk by chunk (no fp32 copy kept)
         self.head_bias = None if head.bias is None else head.bias.detach().to(torch.float32)
         config = model.config.get_text_config()
         self.softcap = getattr(config, "final_logit_softcapping", None)
@@ -68,6 +69,8 @@ class Engine:
         self.sliding_window = getattr(config, "sliding_window", None)
         self.additive_mask = model.config._attn_implementation == "eager"
         self.max_positions = getattr(config, "max_position_embeddings", None)
+        # Document and questions in one forward needs the cascade on every layer (no sliding windows).
+        self.fused = self.cascade and "sliding_attention" not in (self.layer_types or ())
         # transformers renamed past_key_values= to cache= (5.2x); use whichever this version takes.
         params = inspect.signature(self.body.forward).parameters
         self.cache_kwarg = "cache" if "cache" in params else "past_key_values"
@@ -80,10 +83,11 @@ class Engine:
 
     @staticmethod
     def snapshot(cache: DynamicCache, length: int) -> PrefixKV:
-        """The cache's keys/values as an immutable prefix (tensors are shared, not copied)."""
-        layers = tuple((layer.keys, layer.values) for layer in cache.layers)
-        assert all(k.shape[-2] == length for k, _ in layers), "cache length mismatch"
-        return PrefixKV(layers, length)
+        """The cache's first `length` tokens as an immutable prefix (views: nothing is copied)."""
+        assert all(layer.keys.shape[-2] >= length for layer in cache.layers), "the cache is shorter than that"
+        return PrefixKV(
+            tuple((layer.keys[:, :, :length], layer.values[:, :, :length]) for layer in cache.layers), length
+        )
 
     @torch.inference_mode()
     def prefill(self, ids: Sequence[int], base: PrefixKV | None = None) -> tuple[DynamicCache, int]:
@@ -94,7 +98,7 @@ class Engine:
             # input_ids, position_ids: [1, T]
             input_ids = torch.tensor([list(ids)], device=self.device)
             position_ids = torch.arange(start, start + len(ids), device=self.device)[None]
-            extra = {"typedlm_plan": CascadePlan.causal(start, len(ids), self.device)} if self.cascade else {}
+            extra = {"typedlm_plan": CascadePlan.causal(start, len(ids))} if self.cascade else {}
             self.body(
                 input_ids=input_ids, position_ids=position_ids, use_cache=True, **{self.cache_kwarg: cache}, **extra
             )
@@ -104,7 +108,7 @@ class Engine:
         index, valid = batch.segment_index()
         own_mask = torch.from_numpy(batch.segment_visibility()).to(self.device)
         to_device = lambda a: torch.from_numpy(a).to(self.device)  # noqa: E731
-        return CascadePlan(batch.prefix_len, to_device(index), to_device(valid), own_mask)
+        return CascadePlan(batch.prefix_len, 0, to_device(index), to_device(valid), own_mask)
 
     def _masks(self, batch: PackedBatch):
         """Masks for layers that do not run the cascade (all of them without it; sliding-window layers with it)."""
@@ -145,7 +149,45 @@ class Engine:
             **{self.cache_kwarg: cache},
             **extra,
         )
-        hidden = out.last_hidden_state[0, torch.from_numpy(batch.read_rows).to(self.device)]  # [R, D]
+        return self._read(batch, out.last_hidden_state[0])
+
+    @torch.inference_mode()
+    def run(
+        self, ids: Sequence[int], items: Sequence[PackedItem], base: PrefixKV | None = None
+    ) -> tuple[list[list[float]], DynamicCache, int]:
+        """The document's new tokens `ids` after `base`, and every question: (masses per item, cache, prefix length).
+
+        One forward where the model allows it (cascade attention, no sliding-window layers): the document
+        rows first, then the packed rows, which see the whole document. Otherwise `prefill`, then `score`.
+        The cache holds the prefix's keys/values in its first `prefix length` positions.
+        """
+        if not self.fused:
+            cache, prefix_len = self.prefill(ids, base)
+            return self.score(cache, prefix_len, items), cache, prefix_len
+        cache = self._cache_from(base)
+        start = base.length if base else 0
+        prefix_len = start + len(ids)
+        batch = pack(prefix_len, items)
+        plan = self._plan(batch)
+        plan = CascadePlan(start, len(ids), plan.index, plan.valid, plan.own_mask)
+        # input_ids, position_ids: [1, T + N]
+        input_ids = torch.tensor([[*ids, *batch.input_ids.tolist()]], device=self.device)
+        positions = [*range(start, prefix_len), *batch.position_ids.tolist()]
+        position_ids = torch.tensor([positions], device=self.device)
+        masks = {kind: None for kind in self.layer_types} if self.layer_types else None
+        out = self.body(
+            input_ids=input_ids,
+            position_ids=position_ids,
+            attention_mask=masks,
+            use_cache=True,
+            typedlm_plan=plan,
+            **{self.cache_kwarg: cache},
+        )
+        return self._read(batch, out.last_hidden_state[0, len(ids) :]), cache, prefix_len
+
+    def _read(self, batch: PackedBatch, hidden: torch.Tensor) -> list[list[float]]:
+        """Group masses per item from the packed rows' hidden states [N, D]: only read rows meet the head."""
+        hidden = hidden[torch.from_numpy(batch.read_rows).to(self.device)]  # [R, D]
         logprobs = self._log_softmax_head(hidden)  # [R, V]
         rows, tokens = (torch.from_numpy(a).to(self.device) for a in (batch.step_read, batch.step_token))
         steps = logprobs[rows, tokens].cpu()  # [K]
@@ -161,7 +203,14 @@ class Engine:
 
     def _log_softmax_head(self, hidden: torch.Tensor) -> torch.Tensor:
         # hidden: [R, D] -> logits: [R, V], float32
-        logits = hidden.to(torch.float32) @ self.head_weight.T
+        hidden = hidden.to(torch.float32)
+        if self.head_weight.dtype == torch.float32:
+            logits = hidden @ self.head_weight.T
+        else:  # a float32 copy of a large head would cost more memory than the model (Qwen3: 622 MB)
+            logits = torch.empty(hidden.shape[0], self.head_weight.shape[0], dtype=torch.float32, device=hidden.device)
+            for start in range(0, self.head_weight.shape[0], HEAD_CHUNK_ROWS):
+                chunk = self.head_weight[start : start + HEAD_CHUNK_ROWS].to(torch.float32)  # [C, D]
+                torch.mm(hidden, chunk.T, out=logits[:, start : start + chunk.shape[0]])
         if self.head_bias is not None:
             logits = logits + self.head_bias
         if self.softcap:

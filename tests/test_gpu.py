@@ -1,0 +1,65 @@
+"""The CUDA path: the packed readout on a GPU equals the reference there (skipped without a GPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from typedlm.attention import attend_with_lse
+from typedlm.confidence import normalise
+from typedlm.decider import Decider
+from typedlm.engine import Engine
+from typedlm.models import LoadedModel
+from typedlm.questions import ChoiceQuestion, NoulQuestion, ScoreQuestion
+
+from .conftest import reference_masses, tiny_model
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+QUESTIONS = {
+    "n": NoulQuestion("Is it about billing?"),
+    "c": ChoiceQuestion(tuple((f"option {i}", None) for i in range(40))),
+    "s": ScoreQuestion(("low", "medium", "high")),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("causal", [False, True])
+def test_cuda_kernels_with_lse_match_the_plain_computation(dtype, causal):
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(3, 8, 64, 128, device="cuda", dtype=dtype) for _ in range(3))
+    out, lse = attend_with_lse(q, k, v, 128**-0.5, causal=causal)
+    mask = torch.ones(64, 64, dtype=torch.bool, device="cuda").tril() if causal else None
+    ref_out, ref_lse = attend_with_lse(q, k, v, 128**-0.5, mask=mask)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    assert (lse - ref_lse).abs().max() < tol * 10 and (out.float() - ref_out.float()).abs().max() < tol
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gemma3"])
+def test_packed_readout_on_cuda_equals_full_forward_in_float32(family, tokenizer):
+    model = tiny_model(family, len(tokenizer)).cuda()
+    decider = Decider(LoadedModel(model, tokenizer, "tiny"))
+    state = "The customer was charged twice and wants the second payment back."
+    response = decider.decide(state, QUESTIONS)
+    for qid, question in QUESTIONS.items():
+        whole = decider.layout.encode(decider.layout.prefix_text(state) + decider.layout.suffix_text(question))
+        probs, raw = normalise(reference_masses(model, whole, decider.labels_for(question)))
+        answer = response.answers[qid]
+        got = (
+            [answer.p_yes]
+            if qid == "n"
+            else list(answer.probabilities if qid == "s" else answer.probabilities.values())
+        )
+        assert max(abs(a - b) for a, b in zip(got, probs[: len(got)], strict=True)) < 1e-4, qid
+        assert abs(answer.raw_mass - raw) < 1e-4
+
+
+def test_bfloat16_cascade_agrees_with_masked_attention(tokenizer):
+    model = tiny_model("qwen3", len(tokenizer)).cuda().to(torch.bfloat16)
+    state = "The parcel is late and the customer is upset."
+    masked = Decider(LoadedModel(model, tokenizer, "tiny"))
+    masked.engine = Engine(model, cascade=False)  # the same model, one masked attention per layer
+    masked_answers = masked.decide(state, QUESTIONS).answers
+    cascade_answers = Decider(LoadedModel(model, tokenizer, "tiny")).decide(state, QUESTIONS).answers
+    assert abs(masked_answers["n"].p_yes - cascade_answers["n"].p_yes) < 0.05
+    assert list(masked_answers["s"].probabilities) == pytest.approx(list(cascade_answers["s"].probabilities), abs=0.05)
