@@ -150,6 +150,7 @@ class PeakMemory:
     def __init__(self, device: str):
         self.device = device
         self.peak = 0
+        self.before = 0
 
     def _rss(self) -> int:
         with open("/proc/self/statm") as f:
@@ -159,6 +160,7 @@ class PeakMemory:
         if self.device.startswith("cuda"):
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
+            self.before = torch.cuda.memory_allocated()
         else:
             self._base, self._stop = self._rss(), False
             self._thread = threading.Thread(target=self._sample, daemon=True)
@@ -179,8 +181,8 @@ class PeakMemory:
             self._thread.join()
 
 
-def timed(fn: Callable[[], object], repeats: int, device: str) -> tuple[float, object, int]:
-    """(median ms, last result, peak bytes) over `repeats` runs after one warm-up."""
+def timed(fn: Callable[[], object], repeats: int, device: str) -> tuple[float, object, int, int]:
+    """(median ms, last result, peak bytes, peak bytes above what was allocated before) over `repeats` runs."""
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     fn()
     sync()
@@ -191,7 +193,7 @@ def timed(fn: Callable[[], object], repeats: int, device: str) -> tuple[float, o
             result = fn()
             sync()
             times.append((time.perf_counter() - start) * 1000)
-    return statistics.median(times), result, memory.peak
+    return statistics.median(times), result, memory.peak, memory.peak - memory.before
 
 
 def fit_line(xs: list[int], ys: list[float]) -> tuple[float, float]:
@@ -273,11 +275,15 @@ def main() -> None:
         prompt = decider.layout.tokenize(state, list(questions.values()))
         reference = decider.decide(state, questions)
         for name, strategy in strategies.items():
-            ms, result, peak = timed(lambda s=strategy, qs=questions: s(decider, state, qs), args.repeats, args.device)
+            ms, result, peak, work = timed(
+                lambda s=strategy, qs=questions: s(decider, state, qs), args.repeats, args.device
+            )
             row = {"strategy": name, "questions": q, "ms": round(ms, 2), "ms_per_question": round(ms / q, 2)}
             row["prefix_tokens"] = len(prompt.prefix_ids)
             row["suffix_tokens"] = round(statistics.mean(len(s) for s in prompt.suffix_ids), 1)
             row["peak_mb"] = round(peak / 2**20, 1)
+            if args.device.startswith("cuda"):  # peak above the models already loaded: this strategy's own memory
+                row["work_mb"] = round(work / 2**20, 1)
             if name == "generate":
                 tokens, labels = result
                 agree = sum(
@@ -314,6 +320,7 @@ def main() -> None:
         "dtype": dtype,
         "repeats": args.repeats,
         "torch": torch.__version__,
+        "model_mb": round(sum(t.numel() * t.element_size() for t in loaded.model.parameters()) / 2**20, 1),
     }
     report = {**meta, "rows": rows, "fits": fits}
     out = Path(args.out) if args.out else RESULTS / f"latency-{args.device.split(':')[0]}-{meta['date']}.json"

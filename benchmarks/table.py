@@ -1,0 +1,44 @@
+"""Markdown tables from a latency.py results file, for benchmarks/README.md.
+
+python benchmarks/table.py benchmarks/results/latency-cuda-2026-11-29.json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def tables(report: dict) -> str:
+    qs = sorted({row["questions"] for row in report["rows"]})
+    names = list(dict.fromkeys(row["strategy"] for row in report["rows"]))
+    rows = {(row["strategy"], row["questions"]): row for row in report["rows"]}
+    out = [
+        f"{report['model']} on {report['device']}, {report['dtype']}, torch {report['torch']}, "
+        f"median of {report['repeats']} after a warm-up, {report['date']}. In brackets: time / typedlm's.",
+        "",
+        "| strategy | " + " | ".join(f"Q = {q}" for q in qs) + " | fixed | per question |",
+        "|---|" + "---:|" * (len(qs) + 2),
+    ]
+    for name in names:
+        cells = [f"{rows[name, q]['ms']:.1f} ms ({rows[name, q]['x_typedlm']:.2f}×)" for q in qs if (name, q) in rows]
+        fit = report["fits"].get(name, {})
+        fixed = f"{fit['fixed_ms']:.1f} ms" if fit else "-"
+        marginal = f"{fit['marginal_ms_per_question']:.2f} ms" if fit else "-"
+        out.append(f"| {name} | " + " | ".join(cells) + f" | {fixed} | {marginal} |")
+    generated = [rows["generate", q] for q in qs if ("generate", q) in rows]
+    if generated:
+        agree = ", ".join(f"Q = {r['questions']}: {r['agree_with_typedlm']}/{r['parsed']}" for r in generated)
+        out += ["", f"generate, labels parsed from its JSON that agree with typedlm's argmax: {agree}."]
+    if "work_mb" in report["rows"][0]:
+        out += ["", "| Q | typedlm's own peak | + the model's weights | total |", "|---:|---:|---:|---:|"]
+        for q in qs:
+            work = rows["typedlm", q]["work_mb"]
+            out.append(f"| {q} | {work:.0f} MB | {report['model_mb']:.0f} MB | {work + report['model_mb']:.0f} MB |")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    for path in sys.argv[1:]:
+        with open(path, encoding="utf-8") as f:
+            print(tables(json.load(f)) + "\n")
