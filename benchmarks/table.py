@@ -21,15 +21,28 @@ def tables(report: dict) -> str:
         "|---|" + "---:|" * (len(qs) + 2),
     ]
     for name in names:
-        cells = [f"{rows[name, q]['ms']:.1f} ms ({rows[name, q]['x_typedlm']:.2f}×)" for q in qs if (name, q) in rows]
+        cells = [
+            f"{rows[name, q]['ms']:.1f} ms ({rows[name, q]['x_typedlm']:.2f}×)"
+            + ("¹" if rows[name, q].get("repeats") else "")
+            if (name, q) in rows
+            else "-"
+            for q in qs
+        ]
         fit = report["fits"].get(name, {})
         fixed = f"{fit['fixed_ms']:.1f} ms" if fit else "-"
         marginal = f"{fit['marginal_ms_per_question']:.2f} ms" if fit else "-"
         out.append(f"| {name} | " + " | ".join(cells) + f" | {fixed} | {marginal} |")
     generated = [rows["generate", q] for q in qs if ("generate", q) in rows]
     if generated:
-        agree = ", ".join(f"Q = {r['questions']}: {r['agree_with_typedlm']}/{r['parsed']}" for r in generated)
-        out += ["", f"generate, labels parsed from its JSON that agree with typedlm's argmax: {agree}."]
+        agree = ", ".join(
+            f"Q = {r['questions']}: {r['parsed']} parsed, {r['agree_with_typedlm']} agree" for r in generated
+        )
+        out += ["", f"generate, labels parsed from its JSON and agreeing with typedlm's argmax: {agree}."]
+    if any(row.get("repeats") for row in report["rows"]):
+        out += [
+            "",
+            "¹ one run after a warm-up, in a run of its own beside typedlm (the ratio is to that run's typedlm).",
+        ]
     if "work_mb" in report["rows"][0]:
         out += ["", "| Q | typedlm's own peak | + the model's weights | total |", "|---:|---:|---:|---:|"]
         for q in qs:
