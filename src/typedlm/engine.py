@@ -1,11 +1,13 @@
 """The engine: token ids in, answer-group probability mass out. Never handles strings.
 
-Phases, one forward each:
+Phases:
 - `prefill(ids, base)`: run the model *body* (no LM head) over prefix tokens on top of a cached base
   prefix (the system prompt, built once at load), leaving the keys/values in a cache;
 - `score(cache, items)`: all questions' suffixes and label trees packed in ONE sequence over that
-  cache, under a block/tree attention mask with per-row positions (see `packing`); only the read rows
-  go through the LM head, in float32.
+  cache, each row seeing the prefix and its own ancestors, with per-row positions (see `packing`);
+  only the read rows go through the LM head, in float32;
+- `run(ids, items, base)`: both in ONE forward (the document rows first, then the packed rows) under
+  cascade attention (see `attention`); prefill then score where the model needs masks (sliding windows).
 
 Memory grows as O(P + Q·S): the prefix keys/values exist once, never copied per question. Caches are
 per request and never rewound, so no question can see another's tokens.
@@ -104,11 +106,12 @@ class Engine:
             )
         return cache, start + len(ids)
 
-    def _plan(self, batch: PackedBatch) -> CascadePlan:
+    def _plan(self, batch: PackedBatch, cached_len: int, state_rows: int = 0) -> CascadePlan:
+        """The cascade's plan: `cached_len` keys already cached, `state_rows` document rows, then the packed rows."""
         index, valid = batch.segment_index()
         own_mask = torch.from_numpy(batch.segment_visibility()).to(self.device)
         to_device = lambda a: torch.from_numpy(a).to(self.device)  # noqa: E731
-        return CascadePlan(batch.prefix_len, 0, to_device(index), to_device(valid), own_mask)
+        return CascadePlan(cached_len, state_rows, to_device(index), to_device(valid), own_mask)
 
     def _masks(self, batch: PackedBatch):
         """Masks for layers that do not run the cascade (all of them without it; sliding-window layers with it)."""
@@ -140,7 +143,7 @@ class Engine:
         # input_ids, position_ids: [1, N]
         input_ids = torch.from_numpy(batch.input_ids).to(self.device)[None]
         position_ids = torch.from_numpy(batch.position_ids).to(self.device)[None]
-        extra = {"typedlm_plan": self._plan(batch)} if self.cascade else {}
+        extra = {"typedlm_plan": self._plan(batch, prefix_len)} if self.cascade else {}
         out = self.body(
             input_ids=input_ids,
             position_ids=position_ids,
@@ -168,8 +171,7 @@ class Engine:
         start = base.length if base else 0
         prefix_len = start + len(ids)
         batch = pack(prefix_len, items)
-        plan = self._plan(batch)
-        plan = CascadePlan(start, len(ids), plan.index, plan.valid, plan.own_mask)
+        plan = self._plan(batch, start, len(ids))
         # input_ids, position_ids: [1, T + N]
         input_ids = torch.tensor([[*ids, *batch.input_ids.tolist()]], device=self.device)
         positions = [*range(start, prefix_len), *batch.position_ids.tolist()]
