@@ -20,7 +20,7 @@ from typing import Any
 
 from typedlm.answers import Answer, ChoiceAnswer, NoulAnswer, Response, ScoreAnswer, Usage
 from typedlm.confidence import choice_confidence, normalise, score_confidence
-from typedlm.engine import Engine, PrefixKV
+from typedlm.engine import Engine
 from typedlm.errors import LimitExceeded
 from typedlm.labels import Labeler, LabelSet
 from typedlm.models import LoadedModel, load_model
@@ -59,12 +59,11 @@ class Decider:
         self.labeler = Labeler(loaded.tokenizer, self.layout.answer_opening)
         self.labeler.verify(MAX_OPTIONS, MAX_LEVELS)
         self.max_input_tokens = max_input_tokens
-        # The system prompt's keys/values, computed once and shared by every request.
+        # The system prompt's keys/values, computed once and pinned in the prefix cache beside the documents
+        # it keeps across requests (with 0 bytes only the system prompt is reused).
         cache, length = self.engine.prefill(self.layout.system_ids)
-        self.system_kv: PrefixKV = Engine.snapshot(cache, length)
-        # Prefilled documents across requests (0 bytes: only the system prompt is reused).
         self.prefix_cache = PrefixCache(prefix_cache_bytes)
-        self.prefix_cache.pin(self.layout.system_ids, self.system_kv)
+        self.prefix_cache.pin(self.layout.system_ids, Engine.snapshot(cache, length))
 
     @classmethod
     def load(

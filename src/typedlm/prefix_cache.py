@@ -19,16 +19,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from typedlm.engine import PrefixKV
+from typedlm.prompt import common_prefix_length
 
 
 def _nbytes(kv: PrefixKV) -> int:
     return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in kv.layers)
-
-
-def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
-    n = min(len(a), len(b))
-    differ = np.flatnonzero(a[:n] != b[:n])
-    return int(differ[0]) if len(differ) else n
 
 
 @dataclass
@@ -65,12 +60,12 @@ class PrefixCache:
         with self._lock:
             best, best_len, best_key, pinned_len = None, 0, None, 0
             for cached, kv in self._pinned.values():
-                n = _common_prefix(query, cached)
+                n = common_prefix_length(query, cached)
                 pinned_len = max(pinned_len, n)
                 if n > best_len:
                     best, best_len, best_key = kv, n, None
             for key, (cached, kv, _) in self._entries.items():
-                n = _common_prefix(query, cached)
+                n = common_prefix_length(query, cached)
                 if n > best_len:
                     best, best_len, best_key = kv, n, key
             if best_key is not None:

@@ -19,6 +19,8 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from typedlm.errors import ModelError
 from typedlm.labels import choice_labels, score_labels
 from typedlm.questions import ChoiceQuestion, NoulQuestion, Question, ScoreQuestion, Text
@@ -80,13 +82,15 @@ def question_block(question: Question) -> str:
 
 
 def common_prefix_length(first: Sequence[int], *others: Sequence[int]) -> int:
-    n = len(first)
+    """How many leading token ids `first` shares with every one of `others`."""
+    reference = np.asarray(first, dtype=np.int64)
+    n = len(reference)
     for other in others:
+        other = np.asarray(other, dtype=np.int64)
         n = min(n, len(other))
-        for i in range(n):
-            if first[i] != other[i]:
-                n = i
-                break
+        differ = np.flatnonzero(reference[:n] != other[:n])
+        if len(differ):
+            n = int(differ[0])
     return n
 
 
