@@ -253,6 +253,9 @@ def main() -> None:
         "typedlm_cached": lambda _d, state, qs: typedlm(cached, state, qs),
         "generate": generate,
     }
+    if args.device.startswith("cuda"):  # the same one-forward readout without CUDA graphs, side by side
+        eager = Decider(loaded, prefix_cache_bytes=0, cuda_graphs=False)
+        strategies["typedlm_eager"] = lambda _d, state, qs: typedlm(eager, state, qs)
     peers_wanted = args.strategies is None or not set(args.strategies) <= set(strategies)
     if peers_wanted and args.model is None:
         sys.path.insert(0, str(Path(__file__).parent))

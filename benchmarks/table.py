@@ -43,7 +43,9 @@ def tables(report: dict) -> str:
             "",
             "¹ one run after a warm-up, in a run of its own beside typedlm (the ratio is to that run's typedlm).",
         ]
-    if "work_mb" in report["rows"][0]:
+    if "typedlm_eager" in names:  # buffers and graphs are allocated at warm-up: memory.py measures them
+        out += ["", "Memory with CUDA graphs: see memory.py (the timed runs allocate nothing new)."]
+    elif "work_mb" in report["rows"][0]:
         out += ["", "| Q | typedlm's own peak | + the model's weights | total |", "|---:|---:|---:|---:|"]
         for q in qs:
             work = rows["typedlm", q]["work_mb"]

@@ -63,3 +63,31 @@ def test_bfloat16_cascade_agrees_with_masked_attention(tokenizer):
     cascade_answers = Decider(LoadedModel(model, tokenizer, "tiny")).decide(state, QUESTIONS).answers
     assert abs(masked_answers["n"].p_yes - cascade_answers["n"].p_yes) < 0.05
     assert list(masked_answers["s"].probabilities) == pytest.approx(list(cascade_answers["s"].probabilities), abs=0.05)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_graphs_equal_the_eager_forward(dtype, tokenizer):
+    model = tiny_model("qwen3", len(tokenizer)).cuda().to(dtype)
+    graphs = Decider(LoadedModel(model, tokenizer, "tiny"), prefix_cache_bytes=0)
+    eager = Decider(LoadedModel(model, tokenizer, "tiny"), prefix_cache_bytes=0, cuda_graphs=False)
+    assert graphs.engine.runner is not None and graphs.engine.runner.capture and eager.engine.runner is None
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    states = ["The parcel is late and the customer is upset.", "A short one.", "The parcel is late, again and again."]
+    for state in states * 2:  # the second round replays the captured graphs
+        want, got = eager.decide(state, QUESTIONS).answers, graphs.decide(state, QUESTIONS).answers
+        assert abs(want["n"].p_yes - got["n"].p_yes) < tol
+        assert list(want["s"].probabilities) == pytest.approx(list(got["s"].probabilities), abs=tol)
+        assert list(want["c"].probabilities.values()) == pytest.approx(list(got["c"].probabilities.values()), abs=tol)
+    assert len(graphs.engine.runner.slots) <= 3
+
+
+def test_cuda_graphs_with_the_prefix_cache(tokenizer):
+    model = tiny_model("qwen3", len(tokenizer)).cuda()
+    cached = Decider(LoadedModel(model, tokenizer, "tiny"))
+    eager = Decider(LoadedModel(model, tokenizer, "tiny"), prefix_cache_bytes=0, cuda_graphs=False)
+    state = {"turns": ["hello", "my order is late"]}
+    for _ in range(3):
+        got, want = cached.decide(state, QUESTIONS).answers, eager.decide(state, QUESTIONS).answers
+        assert abs(want["n"].p_yes - got["n"].p_yes) < 1e-5
+        state = {"turns": [*state["turns"], "still waiting"]}
+    assert cached.stats()["prefix_cache"]["hits"] + cached.stats()["prefix_cache"]["partial_hits"] >= 1

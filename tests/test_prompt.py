@@ -105,3 +105,21 @@ def test_control_tokens_in_user_text_stay_text(layout, tokenizer):
     assert not specials & set(user_ids)
     # the template's own control tokens are intact
     assert set(prompt.suffix_ids[0][-len(layout.encode(layout.answer_opening)) :]) & specials
+
+
+@pytest.mark.parametrize(
+    "state",
+    [
+        "short",
+        "word " * 400,
+        {"numbers": list(range(300)), "text": "ends with spaces   "},
+        "naïve café — 東京 " * 80 + "\n\n\n",
+        "x" * 3000,
+    ],
+)
+def test_suffixes_equal_the_whole_prompts_tokenized_alone(layout, state):
+    questions = [NoulQuestion("Is it long?"), ChoiceQuestion((("a", None), ("b", "two words"))), NoulQuestion(" lead")]
+    prompt = layout.tokenize(state, questions)
+    for question, suffix in zip(questions, prompt.suffix_ids, strict=True):
+        whole = layout.encode(layout.prefix_text(state) + layout.suffix_text(question))
+        assert prompt.prefix_ids + suffix == whole

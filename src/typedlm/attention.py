@@ -14,6 +14,10 @@ where other questions sit in the packed sequence. A forward may also begin with 
 they see the cached prefix and each other causally, and the packed rows after them see them all, so the
 document and every question can run in ONE forward.
 
+A `StaticPlan` runs the same cascade with fixed shapes, so that a whole forward can be captured once as a
+CUDA graph and replayed (see `graphs`): rows are padded to buckets, the lengths that vary live in device
+tensors, and the keys/values go to a preallocated buffer instead of a growing cache.
+
 It is registered as the attention implementation "typedlm_cascade"; a forward without a `typedlm_plan`
 keyword, and sliding-window layers, fall through to transformers' SDPA with the masks they were given.
 """
@@ -50,6 +54,30 @@ class CascadePlan:
     def causal(cls, prefix_len: int, rows: int) -> CascadePlan:
         """A plain prefill: `rows` document rows after `prefix_len` cached ones."""
         return cls(prefix_len, state_rows=rows)
+
+
+@dataclass(frozen=True)
+class StaticPlan:
+    """The cascade with static shapes. Rows of the forward: `doc_rows` document rows (the first `cu_doc[1]` real,
+    the rest padding), then packed rows (padding at the end). Every tensor is on the model's device.
+
+    - `kv` [L, 2, C, Hkv, D]: per layer, keys and values of the cached prefix at [0, p); the document rows'
+      are written at `write_slots` [doc_rows] = p, p + 1, ... during the forward;
+    - `cu_doc` [2] int32 = (0, t) real document rows; `cu_keys` [2] int32 = (0, p + t) keys every row may see;
+      `cu_packed` [2] int32 = (0, packed rows);
+    - `own_rows` [G, S]: the packed row of each segment slot; `own_mask` [G, S, S]: slot i may see slot j
+      (padding slots see themselves only); `row_slot` [N]: each packed row's flat slot g·S + s.
+    """
+
+    kv: torch.Tensor
+    doc_rows: int
+    write_slots: torch.Tensor
+    cu_doc: torch.Tensor
+    cu_keys: torch.Tensor
+    cu_packed: torch.Tensor
+    own_rows: torch.Tensor
+    own_mask: torch.Tensor
+    row_slot: torch.Tensor
 
 
 def _merge(
@@ -108,6 +136,66 @@ def attend_with_lse(
     return out.to(q.dtype), lse
 
 
+def attend_ranges(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_q: torch.Tensor,
+    cu_k: torch.Tensor,
+    scale: float,
+    causal: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of the first `cu_q[1]` queries over the first `cu_k[1]` keys; lengths live on the device.
+
+    q: [L, H, D], k/v: [C, Hkv, D] (grouped heads kept grouped); causal aligns the last query with the last
+    key (query i sees keys j <= i + cu_k[1] - cu_q[1]). Returns out [L, H, D] and lse [L, H] (float32); rows
+    from `cu_q[1]` on are undefined.
+    """
+    rows, heads = q.shape[0], q.shape[1]
+    if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
+        out, lse = torch.ops.aten._flash_attention_forward(
+            q, k, v, cu_q, cu_k, rows, k.shape[0], 0.0, causal, False, scale=scale
+        )[:2]
+        return out, (lse.transpose(0, 1) if lse.shape[0] == heads else lse[0].transpose(0, 1)).float()
+    keys = torch.arange(k.shape[0], device=q.device)
+    visible = keys[None] < cu_k[1]  # [1, C]
+    if causal:
+        visible = visible & (keys[None] <= torch.arange(rows, device=q.device)[:, None] + (cu_k[1] - cu_q[1]))
+    groups = heads // k.shape[1]
+    v = torch.where((keys < cu_k[1])[:, None, None], v.float(), 0.0)  # unused keys may hold anything, even NaN
+    k, v = k.float().repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)  # [C, H, D]
+    scores = torch.einsum("lhd,khd->hlk", q.float(), k) * scale  # [H, L, C]
+    scores = scores.masked_fill(~visible, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)  # [H, L]
+    out = torch.einsum("hlk,khd->lhd", torch.exp(scores - lse[..., None]), v)
+    return out.to(q.dtype), lse.transpose(0, 1)
+
+
+def _static_cascade(module: torch.nn.Module, query, key, value, plan: StaticPlan, scale: float) -> torch.Tensor:
+    """query: [1, H, R, D]; key/value: [1, Hkv, R, D], this forward's rows only. Returns [1, R, H, D]."""
+    kbuf, vbuf = plan.kv[module.layer_idx, 0], plan.kv[module.layer_idx, 1]  # [C, Hkv, D]
+    q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # [R, H|Hkv, D]
+    tb, heads, dim = plan.doc_rows, q.shape[1], q.shape[2]
+    parts = []
+    if tb:  # document rows: stored, then over the cached prefix and themselves, causally
+        kbuf.index_copy_(0, plan.write_slots, k[:tb])
+        vbuf.index_copy_(0, plan.write_slots, v[:tb])
+        out, _ = attend_ranges(q[:tb].contiguous(), kbuf, vbuf, plan.cu_doc, plan.cu_keys, scale, causal=True)
+        parts.append(out)  # padding rows hold anything: no real row reads them, their keys lie past cu_keys
+    if q.shape[0] > tb:  # packed rows: everything before them, and their own segment
+        qp = q[tb:].contiguous()  # [N, H, D]
+        out_s, lse_s = attend_ranges(qp, kbuf, vbuf, plan.cu_packed, plan.cu_keys, scale)
+        g, s = plan.own_rows.shape
+        own_q = qp[plan.own_rows].permute(0, 2, 1, 3)  # [G, H, S, D]
+        own_k, own_v = (_expand_kv(x[tb:][plan.own_rows].permute(0, 2, 1, 3), heads) for x in (k, v))
+        out_o, lse_o = attend_with_lse(own_q, own_k, own_v, scale, mask=plan.own_mask[:, None])
+        out_o = out_o.permute(0, 2, 1, 3).reshape(g * s, heads, dim)[plan.row_slot]  # [N, H, D]
+        lse_o = lse_o.permute(0, 2, 1).reshape(g * s, heads)[plan.row_slot]  # [N, H]
+        out, _ = _merge(out_s.float(), lse_s, out_o.float(), lse_o)
+        parts.append(out.to(query.dtype))
+    return (parts[0] if len(parts) == 1 else torch.cat(parts))[None]
+
+
 def cascade_attention(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -126,6 +214,8 @@ def cascade_attention(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
     plan = typedlm_plan
+    if isinstance(plan, StaticPlan):
+        return _static_cascade(module, query, key, value, plan, scaling or query.shape[-1] ** -0.5), None
     heads, rows, dim = query.shape[1], query.shape[2], query.shape[3]
     scale = scaling if scaling is not None else dim**-0.5
     p, t = plan.prefix_len, plan.state_rows

@@ -61,6 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=1024,
         help="memory for prefilled documents reused across requests (0: off)",
     )
+    serve.add_argument(
+        "--no-cuda-graphs",
+        dest="cuda_graphs",
+        action="store_false",
+        help="on CUDA, run each forward eagerly instead of replaying captured graphs",
+    )
     return parser
 
 
@@ -103,7 +109,12 @@ def serve(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_bytes,
     )
     decider = Decider.load(
-        args.model, args.device, args.dtype, args.max_input_tokens, prefix_cache_bytes=args.prefix_cache_mb << 20
+        args.model,
+        args.device,
+        args.dtype,
+        args.max_input_tokens,
+        prefix_cache_bytes=args.prefix_cache_mb << 20,
+        cuda_graphs=None if args.cuda_graphs else False,
     )
     auth = f"{len(settings.api_keys)} API key(s)" if settings.api_keys else "auth off"
     print(f"typedlm: serving {decider.name} on http://{args.host}:{args.port} ({auth})", file=sys.stderr, flush=True)

@@ -51,10 +51,11 @@ class Decider:
         loaded: LoadedModel,
         max_input_tokens: int | None = None,
         prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
+        cuda_graphs: bool | None = None,
     ):
         self.name = loaded.name
         self.tokenizer = loaded.tokenizer
-        self.engine = Engine(loaded.model)
+        self.engine = Engine(loaded.model, static=cuda_graphs)
         self.layout = ChatLayout(loaded.tokenizer)
         self.labeler = Labeler(loaded.tokenizer, self.layout.answer_opening)
         self.labeler.verify(MAX_OPTIONS, MAX_LEVELS)
@@ -73,9 +74,13 @@ class Decider:
         dtype: str | None = None,
         max_input_tokens: int | None = None,
         prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
+        cuda_graphs: bool | None = None,
     ) -> Decider:
-        """Load a model (None: the embedded default) and prepare it; see `typedlm.models.load_model`."""
-        return cls(load_model(model, device, dtype), max_input_tokens, prefix_cache_bytes)
+        """Load a model (None: the embedded default) and prepare it; see `typedlm.models.load_model`.
+
+        `cuda_graphs` (default: on with CUDA) replays each request's forward as a CUDA graph (see `graphs`).
+        """
+        return cls(load_model(model, device, dtype), max_input_tokens, prefix_cache_bytes, cuda_graphs)
 
     def labels_for(self, question: Question) -> LabelSet:
         if isinstance(question, NoulQuestion):
@@ -120,9 +125,11 @@ class Decider:
         # 5. and every question packed after it, in one forward (two for sliding-window models)
         base = self.prefix_cache.lookup(prompt.prefix_ids)
         shared = base.length if base else 0
-        masses, cache, prefix_len = self.engine.run(prompt.prefix_ids[shared:], items, base)
+        keep = self.prefix_cache.max_bytes > 0  # a prefix that will not be cached need not be copied
+        masses, prefix = self.engine.run(prompt.prefix_ids[shared:], items, base, keep_prefix=keep)
+        prefix_len = prefix.length
         if prefix_len > shared:
-            self.prefix_cache.insert(prompt.prefix_ids, Engine.snapshot(cache, prefix_len))
+            self.prefix_cache.insert(prompt.prefix_ids, prefix)
         # 6. answers
         answers = {q: self._answer(questions[q], m) for q, m in zip(qids, masses)}
         processed = (prefix_len - shared) + sum(len(i.suffix_ids) + len(i.labels.inner_nodes) for i in items)

@@ -8,6 +8,7 @@ Phases:
   only the read rows go through the LM head, in float32;
 - `run(ids, items, base)`: both in ONE forward (the document rows first, then the packed rows) under
   cascade attention (see `attention`); prefill then score where the model needs masks (sliding windows).
+  On CUDA that forward runs with static shapes as a replayed CUDA graph (see `graphs`).
 
 Memory grows as O(P + Q·S): the prefix keys/values exist once, never copied per question. Caches are
 per request and never rewound, so no question can see another's tokens.
@@ -25,6 +26,7 @@ from transformers import DynamicCache
 from typedlm.attention import IMPLEMENTATION as CASCADE
 from typedlm.attention import CascadePlan
 from typedlm.errors import ModelError
+from typedlm.graphs import StaticRunner
 from typedlm.packing import PackedBatch, PackedItem, pack
 
 SUPPORTED_LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -48,9 +50,11 @@ class Engine:
 
     With `cascade` (the default for SDPA models) attention runs as a cascade (see `attention`): the shared
     prefix and each question's own rows apart, merged exactly. Otherwise one masked attention per layer.
+    With `static` (default: on CUDA, where the model allows one fused forward) `run` pads its forward to
+    bucketed shapes and replays it as a CUDA graph; `static=True` on a CPU runs that path eagerly.
     """
 
-    def __init__(self, model: torch.nn.Module, cascade: bool = True):
+    def __init__(self, model: torch.nn.Module, cascade: bool = True, static: bool | None = None):
         self.model = model
         self.cascade = cascade and model.config._attn_implementation in ("sdpa", CASCADE)
         if self.cascade:
@@ -76,6 +80,14 @@ class Engine:
         # transformers renamed past_key_values= to cache= (5.2x); use whichever this version takes.
         params = inspect.signature(self.body.forward).parameters
         self.cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        self.no_masks = {kind: None for kind in self.layer_types} if self.layer_types else None
+        if static is None:
+            static = self.device.type == "cuda"
+        self.runner = (
+            StaticRunner(self.body, self._log_softmax_head, self.no_masks, capture=self.device.type == "cuda")
+            if static and self.fused
+            else None
+        )
 
     def _cache_from(self, base: PrefixKV | None) -> DynamicCache:
         cache = DynamicCache()  # no config: every layer keeps all its keys, sliding layers included
@@ -156,17 +168,26 @@ class Engine:
 
     @torch.inference_mode()
     def run(
-        self, ids: Sequence[int], items: Sequence[PackedItem], base: PrefixKV | None = None
-    ) -> tuple[list[list[float]], DynamicCache, int]:
-        """The document's new tokens `ids` after `base`, and every question: (masses per item, cache, prefix length).
+        self, ids: Sequence[int], items: Sequence[PackedItem], base: PrefixKV | None = None, keep_prefix: bool = True
+    ) -> tuple[list[list[float]], PrefixKV]:
+        """The document's new tokens `ids` after `base`, and every question: (masses per item, the new prefix).
 
         One forward where the model allows it (cascade attention, no sliding-window layers): the document
         rows first, then the packed rows, which see the whole document. Otherwise `prefill`, then `score`.
-        The cache holds the prefix's keys/values in its first `prefix length` positions.
+        The returned prefix holds the keys/values of `base` and `ids`; without `keep_prefix` it may be
+        views that the next run overwrites (no copy is made).
         """
+        if self.runner is not None:
+            start = base.length if base else 0
+            batch = pack(start + len(ids), items)
+            steps, layers, length = self.runner.run(ids, batch, base, copy=keep_prefix)
+            prefix = PrefixKV(layers, length) if ids or base is None else base
+            if keep_prefix:
+                self.runner.remember(prefix)
+            return self._masses(batch, steps), prefix
         if not self.fused:
             cache, prefix_len = self.prefill(ids, base)
-            return self.score(cache, prefix_len, items), cache, prefix_len
+            return self.score(cache, prefix_len, items), self.snapshot(cache, prefix_len)
         cache = self._cache_from(base)
         start = base.length if base else 0
         prefix_len = start + len(ids)
@@ -176,23 +197,26 @@ class Engine:
         input_ids = torch.tensor([[*ids, *batch.input_ids.tolist()]], device=self.device)
         positions = [*range(start, prefix_len), *batch.position_ids.tolist()]
         position_ids = torch.tensor([positions], device=self.device)
-        masks = {kind: None for kind in self.layer_types} if self.layer_types else None
         out = self.body(
             input_ids=input_ids,
             position_ids=position_ids,
-            attention_mask=masks,
+            attention_mask=self.no_masks,
             use_cache=True,
             typedlm_plan=plan,
             **{self.cache_kwarg: cache},
         )
-        return self._read(batch, out.last_hidden_state[0, len(ids) :]), cache, prefix_len
+        return self._read(batch, out.last_hidden_state[0, len(ids) :]), self.snapshot(cache, prefix_len)
 
     def _read(self, batch: PackedBatch, hidden: torch.Tensor) -> list[list[float]]:
         """Group masses per item from the packed rows' hidden states [N, D]: only read rows meet the head."""
         hidden = hidden[torch.from_numpy(batch.read_rows).to(self.device)]  # [R, D]
         logprobs = self._log_softmax_head(hidden)  # [R, V]
         rows, tokens = (torch.from_numpy(a).to(self.device) for a in (batch.step_read, batch.step_token))
-        steps = logprobs[rows, tokens].cpu()  # [K]
+        return self._masses(batch, logprobs[rows, tokens].cpu())
+
+    @staticmethod
+    def _masses(batch: PackedBatch, steps: torch.Tensor) -> list[list[float]]:
+        """Group masses per item from each label step's log-probability [K] (on the CPU)."""
         n_forms = len(batch.form_group)
         form_logp = torch.zeros(n_forms, dtype=torch.float64).index_add_(
             0, torch.from_numpy(batch.step_form), steps.double()

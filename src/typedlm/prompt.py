@@ -33,6 +33,7 @@ SYSTEM_PROMPT = (
 DOCUMENT_OPEN = "<document>\n"
 DOCUMENT_CLOSE = "\n</document>"
 QUESTION_LEAD = "\n\n"
+TAIL_TOKENS = 48  # prefix tokens re-tokenized with each suffix (the rest is tokenized once)
 WORD_JOINER = "\u2060"  # invisible; breaks a control-token string in user text into plain text
 _STATE = "\x00typedlm-state\x00"
 _QUESTION = "\x00typedlm-question\x00"
@@ -149,11 +150,32 @@ class ChatLayout:
     def tokenize(self, state: Text, questions: Sequence[Question]) -> TokenizedPrompt:
         """Token ids of the shared prefix and of each question's suffix; prefix + suffix == ids of the whole."""
         prefix = self.prefix_text(state)
-        texts = [prefix + self.suffix_text(question) for question in questions]
-        whole = [list(ids) for ids in self._tokenizer(texts, add_special_tokens=False)["input_ids"]]
-        alone = self.encode(prefix)
+        suffixes = [self.suffix_text(question) for question in questions]
+        whole, alone = self._tokenize_whole(prefix, suffixes)
         n = common_prefix_length(alone, *whole)
         prompt = TokenizedPrompt(alone[:n], [ids[n:] for ids in whole])
         for ids, suffix in zip(whole, prompt.suffix_ids):
             assert suffix and prompt.prefix_ids + suffix == ids, "prefix + suffix must be the whole prompt's ids"
         return prompt
+
+    def _tokenize_whole(self, prefix: str, suffixes: list[str]) -> tuple[list[list[int]], list[int]]:
+        """The ids of every `prefix + suffix`, and of `prefix` alone, tokenizing the long prefix only twice.
+
+        Tokenizing each whole prompt would cost Q tokenizations of the document. Tokenizers split text into
+        short pieces before merging (whitespace, punctuation), so a document cut at a token boundary
+        `TAIL_TOKENS` tokens before its end tokenizes the same whatever follows: the head is tokenized once
+        and only the tail is tokenized with each suffix. The first question's whole prompt is tokenized in
+        full as a check; a tokenizer for which the cut does not hold gets every prompt tokenized whole.
+        """
+        encoded = self._tokenizer(prefix, add_special_tokens=False, return_offsets_mapping=True)
+        alone = list(encoded["input_ids"])
+        cut = len(alone) - TAIL_TOKENS
+        offsets = encoded.get("offset_mapping")
+        if cut > 0 and offsets:
+            start = offsets[cut][0]
+            tails = self._tokenizer([prefix[start:] + s for s in suffixes], add_special_tokens=False)["input_ids"]
+            whole = [alone[:cut] + list(ids) for ids in tails]
+            if whole[0] == self.encode(prefix + suffixes[0]):
+                return whole, alone
+        texts = [prefix + suffix for suffix in suffixes]
+        return [list(ids) for ids in self._tokenizer(texts, add_special_tokens=False)["input_ids"]], alone

@@ -1,0 +1,266 @@
+"""Static-shape forwards, captured once per shape bucket as CUDA graphs and replayed.
+
+On a GPU a forward of a small model is launch-bound: hundreds of small kernels, each issued from Python.
+A CUDA graph records them once and replays them with one launch, but only for fixed shapes and fixed
+memory. So a request's forward is made static:
+
+- rows are padded to buckets (`bucket`: at most 25% padding): the document rows, the packed rows, the
+  segments and their width, the read rows and the label steps; one graph per bucketed `Shape`;
+- lengths that vary within a bucket (the cached prefix p, the real document rows t) live in device
+  tensors that the attention reads (`attention.StaticPlan`), so replays need no host round trip;
+- keys and values go to one preallocated buffer `kv` [L, 2, C, Hkv, D]: the cached prefix at [0, p), this
+  forward's document rows written after it. The buffer remembers which prefixes it holds, so the pinned
+  system prompt is copied in once, not per request;
+- all integer inputs of a request travel in one host→device copy (an int64 arena with a view per field).
+
+Without CUDA (or with `capture=False`) the same static forward runs eagerly; tests check it against the
+dynamic path on CPU. The answers equal the dynamic path's up to floating-point summation order.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from typedlm.attention import StaticPlan
+from typedlm.packing import PackedBatch
+
+MAX_GRAPHS = 32  # captured shapes kept (least recently used dropped)
+KV_GRANULE = 256  # the key/value buffer grows in steps of this many tokens
+MAX_HELD = 8  # prefixes the buffer remembers holding
+
+Layers = tuple[tuple[torch.Tensor, torch.Tensor], ...]  # per layer (keys, values) [1, Hkv, T, D]
+
+
+def bucket(n: int, minimum: int = 16) -> int:
+    """`n` rounded up to one of four steps per power of two (≤ 25% padding), at least `minimum`; 0 stays 0."""
+    if n <= 0:
+        return 0
+    if n <= minimum:
+        return minimum
+    step = 1 << max(n.bit_length() - 3, 0)
+    return -(-n // step) * step
+
+
+@dataclass(frozen=True)
+class Shape:
+    """Bucketed sizes of one static forward."""
+
+    doc_rows: int
+    packed_rows: int
+    segments: int
+    width: int
+    read_rows: int
+    steps: int
+
+    @classmethod
+    def of(cls, doc_rows: int, batch: PackedBatch) -> Shape:
+        segments = batch.segments
+        width = max(end - start for start, end in segments)
+        return cls(
+            bucket(doc_rows),
+            bucket(batch.n_rows),
+            bucket(len(segments), 4),
+            -(-width // 8) * 8,
+            bucket(len(batch.read_rows)),
+            bucket(len(batch.step_token)),
+        )
+
+    @property
+    def fields(self) -> dict[str, int]:
+        """The int64 arena's fields and their lengths, in order."""
+        g, s = self.segments, self.width
+        rows = self.doc_rows + self.packed_rows
+        return {
+            "input_ids": rows,
+            "position_ids": rows,
+            "write_slots": self.doc_rows,
+            "cu": 6,  # cu_doc, cu_keys, cu_packed
+            "own_rows": g * s,
+            "own_mask": g * s * s,
+            "row_slot": self.packed_rows,
+            "read_rows": self.read_rows,
+            "step_read": self.steps,
+            "step_token": self.steps,
+        }
+
+
+class _Slot:
+    """One shape's static inputs (an int64 arena on the device), its output, and its graph once captured."""
+
+    def __init__(self, shape: Shape, device: torch.device):
+        self.shape = shape
+        sizes = shape.fields
+        self.host = np.zeros(sum(sizes.values()), dtype=np.int64)
+        self.arena = torch.zeros(len(self.host), dtype=torch.int64, device=device)
+        self.views: dict[str, tuple[int, int]] = {}
+        offset = 0
+        for name, size in sizes.items():
+            self.views[name] = (offset, offset + size)
+            offset += size
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.out: torch.Tensor | None = None
+
+    def host_field(self, name: str) -> np.ndarray:
+        lo, hi = self.views[name]
+        return self.host[lo:hi]
+
+    def field(self, name: str) -> torch.Tensor:
+        lo, hi = self.views[name]
+        return self.arena[lo:hi]
+
+    def fill(self, ids: Sequence[int], batch: PackedBatch, cached: int) -> None:
+        """Write one request into the host arena and copy it to the device in one transfer."""
+        shape, t, n = self.shape, len(ids), batch.n_rows
+        self.host[:] = 0
+        tb = shape.doc_rows
+        input_ids, positions = self.host_field("input_ids"), self.host_field("position_ids")
+        input_ids[:t] = ids
+        input_ids[tb : tb + n] = batch.input_ids
+        positions[:tb] = np.arange(cached, cached + tb)  # padding rows continue the positions (never read)
+        positions[tb : tb + n] = batch.position_ids
+        self.host_field("write_slots")[:] = np.arange(cached, cached + tb)
+        self.host_field("cu")[:] = (0, t, 0, cached + t, 0, shape.packed_rows)
+        # segments: slot (g, s) holds packed row index[g, s]; padding slots see only themselves
+        index, valid = batch.segment_index()
+        g, s = index.shape
+        own_rows = self.host_field("own_rows").reshape(shape.segments, shape.width)
+        own_rows[:g, :s] = index
+        own_mask = self.host_field("own_mask").reshape(shape.segments, shape.width, shape.width)
+        own_mask[:] = np.eye(shape.width, dtype=np.int64)
+        own_mask[:g, :s, :s] = batch.segment_visibility()
+        row_slot = self.host_field("row_slot")
+        row_slot[index[valid]] = (np.arange(g)[:, None] * shape.width + np.arange(s)[None])[valid]
+        self.host_field("read_rows")[: len(batch.read_rows)] = batch.read_rows
+        self.host_field("step_read")[: len(batch.step_read)] = batch.step_read
+        self.host_field("step_token")[: len(batch.step_token)] = batch.step_token
+        self.arena.copy_(torch.from_numpy(self.host))
+
+
+class StaticRunner:
+    """Runs fused forwards (document rows + packed questions) with static shapes, as CUDA graphs when `capture`.
+
+    `body` is the model without its head, its attention set to the cascade; `head` maps hidden states [R, D]
+    to log-probabilities [R, V].
+    """
+
+    def __init__(self, body: torch.nn.Module, head: Callable[[torch.Tensor], torch.Tensor], masks, capture: bool):
+        self.body, self.head, self.masks, self.capture = body, head, masks, capture
+        config = body.config
+        heads = config.num_attention_heads
+        self.kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        self.layers = config.num_hidden_layers
+        param = next(body.parameters())
+        self.dtype, self.device = param.dtype, param.device
+        self.kv: torch.Tensor | None = None  # [L, 2, C, Hkv, D]
+        self.held: list = []  # prefixes whose keys/values the buffer holds at [0, length)
+        self.slots: OrderedDict[Shape, _Slot] = OrderedDict()
+        self.pool = torch.cuda.graph_pool_handle() if capture else None
+
+    def _ensure_capacity(self, tokens: int) -> None:
+        if self.kv is not None and self.kv.shape[2] >= tokens:
+            return
+        capacity = -(-tokens // KV_GRANULE) * KV_GRANULE
+        self.slots.clear()  # captured graphs point at the old buffer
+        self.held = []
+        self.kv = None
+        self.kv = torch.zeros(
+            self.layers, 2, capacity, self.kv_heads, self.head_dim, dtype=self.dtype, device=self.device
+        )
+
+    def _load_base(self, base) -> None:
+        """Make the buffer hold `base` at [0, base.length) (a copy only when it does not already)."""
+        if base is None or any(held is base for held in self.held):
+            return
+        for layer, (k, v) in enumerate(base.layers):  # k, v: [1, Hkv, P, D]
+            self.kv[layer, 0, : base.length].copy_(k[0].transpose(0, 1))
+            self.kv[layer, 1, : base.length].copy_(v[0].transpose(0, 1))
+        self.held = [base]
+
+    def _forward(self, slot: _Slot) -> torch.Tensor:
+        shape, f = slot.shape, slot.field
+        cu = f("cu").to(torch.int32)
+        plan = StaticPlan(
+            kv=self.kv,
+            doc_rows=shape.doc_rows,
+            write_slots=f("write_slots"),
+            cu_doc=cu[0:2],
+            cu_keys=cu[2:4],
+            cu_packed=cu[4:6],
+            own_rows=f("own_rows").view(shape.segments, shape.width),
+            own_mask=f("own_mask").bool().view(shape.segments, shape.width, shape.width),
+            row_slot=f("row_slot"),
+        )
+        out = self.body(
+            input_ids=f("input_ids")[None],
+            position_ids=f("position_ids")[None],
+            attention_mask=self.masks,
+            use_cache=False,
+            typedlm_plan=plan,
+        )
+        hidden = out.last_hidden_state[0, shape.doc_rows :][f("read_rows")]  # [Rr, D]
+        return self.head(hidden)[f("step_read"), f("step_token")]  # [K]
+
+    def _slot(self, shape: Shape) -> _Slot:
+        slot = self.slots.pop(shape, None) or _Slot(shape, self.device)
+        self.slots[shape] = slot  # most recently used last
+        while len(self.slots) > MAX_GRAPHS:
+            self.slots.popitem(last=False)
+        return slot
+
+    def _capture(self, slot: _Slot) -> None:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            self._forward(slot)  # warm-up: lazy initialisation happens outside the capture
+        torch.cuda.current_stream().wait_stream(side)
+        slot.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(slot.graph, pool=self.pool):
+            slot.out = self._forward(slot)
+
+    @torch.inference_mode()
+    def run(self, ids: Sequence[int], batch: PackedBatch, base, copy: bool = True) -> tuple[torch.Tensor, Layers, int]:
+        """The document's new tokens `ids` after `base` (a PrefixKV or None) and the packed questions.
+
+        Returns the log-probability of every label step [K] (float32, on the CPU) and the new prefix's
+        keys/values with its length: a fresh copy (the caller should `remember` the prefix it builds), or
+        with `copy=False` views of the buffer, valid until the next run.
+        """
+        cached = base.length if base is not None else 0
+        shape = Shape.of(len(ids), batch)
+        self._ensure_capacity(cached + shape.doc_rows)
+        self._load_base(base)
+        slot = self._slot(shape)
+        slot.fill(ids, batch, cached)
+        if not self.capture:
+            steps = self._forward(slot)
+        else:
+            if slot.graph is None:
+                self._capture(slot)
+            slot.graph.replay()
+            steps = slot.out
+        steps = steps[: len(batch.step_token)].cpu()
+        length = cached + len(ids)
+        # the buffer was written from `cached` on: it still holds the shorter prefixes and the base
+        self.held = [held for held in self.held if held.length <= cached and held is not base]
+        if base is not None:
+            self.held.append(base)
+        if not ids:
+            return steps, base.layers, length
+        snapshot = self.kv[:, :, :length]  # [L, 2, T, Hkv, D]
+        if copy:
+            snapshot = snapshot.clone()
+        layers = tuple(
+            (snapshot[layer, 0].transpose(0, 1)[None], snapshot[layer, 1].transpose(0, 1)[None])
+            for layer in range(self.layers)
+        )
+        return steps, layers, length
+
+    def remember(self, prefix) -> None:
+        """Note that the buffer holds `prefix` (the one just built from `run`'s keys/values)."""
+        self.held = [*self.held[-(MAX_HELD - 1) :], prefix]

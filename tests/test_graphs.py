@@ -1,0 +1,81 @@
+"""The static-shape forward (CUDA graphs on a GPU) equals the dynamic one; here it runs eagerly on the CPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from typedlm.attention import attend_ranges, attend_with_lse
+from typedlm.engine import Engine
+from typedlm.graphs import Shape, bucket
+from typedlm.labels import LabelSet
+from typedlm.packing import PackedItem, pack
+
+from .conftest import tiny_model
+
+LABELS = LabelSet.build([[(5, 7)], [(5, 8)], [(9,)], [(10,), (11,)]])
+
+
+def items(n: int, length: int) -> list[PackedItem]:
+    return [PackedItem([300 + 7 * i + j for j in range(length + i % 3)], LABELS) for i in range(n)]
+
+
+def test_bucket_pads_at_most_a_quarter():
+    assert bucket(0) == 0 and bucket(1) == 16 and bucket(16) == 16
+    for n in range(17, 5000):
+        assert n <= bucket(n) <= 1.25 * n, n
+    assert bucket(1266) == 1280 and bucket(31) == 32
+
+
+def test_shapes_are_shared_by_similar_requests():
+    a = Shape.of(1200, pack(1300, items(30, 20)))
+    b = Shape.of(1250, pack(1350, items(31, 20)))
+    assert a == b
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_ranges_attention_equals_the_masked_computation(causal):
+    torch.manual_seed(0)
+    q = torch.randn(12, 4, 16)  # [L, H, D], the first 9 real
+    k, v = torch.randn(40, 2, 16), torch.randn(40, 2, 16)  # [C, Hkv, D], the first 30 used
+    cu_q, cu_k = torch.tensor([0, 9], dtype=torch.int32), torch.tensor([0, 30], dtype=torch.int32)
+    out, lse = attend_ranges(q, k, v, cu_q, cu_k, 0.25, causal=causal)
+    mask = torch.ones(9, 30, dtype=torch.bool)
+    if causal:
+        mask = torch.arange(30)[None] <= torch.arange(9)[:, None] + 21
+    kk, vv = (x[:30].repeat_interleave(2, dim=1).transpose(0, 1)[None] for x in (k, v))  # [1, H, 30, D]
+    want, want_lse = attend_with_lse(q[:9].transpose(0, 1)[None], kk, vv, 0.25, mask=mask[None, None])
+    assert torch.allclose(out[:9], want[0].transpose(0, 1), atol=1e-6)
+    assert torch.allclose(lse[:9], want_lse[0].T, atol=1e-6)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama"])
+def test_static_run_equals_the_dynamic_run(family, tokenizer):
+    model = tiny_model(family, len(tokenizer), seed=3)
+    dynamic, static = Engine(model), Engine(model, static=True)
+    assert static.runner is not None and dynamic.runner is None
+    system = dynamic.snapshot(*dynamic.prefill([11, 23, 45, 67, 89]))
+    requests = [
+        ([100 + i for i in range(40)], items(3, 6), system),
+        ([200 + i for i in range(37)], items(5, 4), system),  # the same buckets: the slot is reused
+        ([], items(2, 5), system),  # nothing new after the base
+        ([300 + i for i in range(90)], items(9, 12), None),  # no base at all
+        ([400 + i for i in range(20)], items(1, 3), system),  # the base must be copied in again
+    ]
+    for ids, packed, base in requests:
+        want, want_prefix = dynamic.run(ids, packed, base)
+        got, prefix = static.run(ids, packed, base)
+        assert prefix.length == want_prefix.length == (base.length if base else 0) + len(ids)
+        for (k, v), (wk, wv) in zip(prefix.layers, want_prefix.layers, strict=True):
+            assert torch.allclose(k, wk, atol=1e-5) and torch.allclose(v, wv, atol=1e-5)
+        assert max(abs(a - b) for g, w in zip(got, want, strict=True) for a, b in zip(g, w, strict=True)) < 1e-6
+    # a later request over a prefix the static path built itself (a prefix-cache hit)
+    ids, packed = [500 + i for i in range(10)], items(4, 5)
+    assert (
+        max(
+            abs(a - b)
+            for g, w in zip(static.run(ids, packed, prefix)[0], dynamic.run(ids, packed, prefix)[0], strict=True)
+            for a, b in zip(g, w, strict=True)
+        )
+        < 1e-6
+    )
