@@ -94,6 +94,10 @@ def test_limits_accept_the_extremes():
         ),
         (body(q={"type": "score", "criteria": ["a", None]}), ("questions", "q", "criteria", 1), "not NoneType"),
         ({**body(q={"type": "noul"}), "assets": {"img": {"type": "image"}}}, ("assets",), "text only"),
+        ({**body(q={"type": "noul"}), "x_calibration": "platt"}, ("x_calibration",), "raw, contextual, fitted"),
+        ({**body(q={"type": "noul"}), "x_order_reads": 0}, ("x_order_reads",), "from 1 to 8"),
+        ({**body(q={"type": "noul"}), "x_order_reads": True}, ("x_order_reads",), "integer"),
+        ({**body(q={"type": "noul"}), "x_order_reads": 2.5}, ("x_order_reads",), "integer"),
     ],
 )
 def test_bad_input_is_rejected_with_its_location(raw, loc, words):
@@ -101,3 +105,10 @@ def test_bad_input_is_rejected_with_its_location(raw, loc, words):
         parse_request(raw)
     assert caught.value.loc == loc
     assert words in caught.value.message
+
+
+def test_extensions_pick_calibration_and_order_reads():
+    request = parse_request({**body(q={"type": "noul"}), "x_calibration": "contextual", "x_order_reads": 3})
+    assert request.calibration == "contextual" and request.order_reads == 3
+    plain = parse_request(body(q={"type": "noul"}))
+    assert plain.calibration is None and plain.order_reads is None

@@ -99,7 +99,8 @@ def test_answers_keep_option_names_byte_for_byte_and_prefix_extensions(server_ur
     resp = post(server_url, BODY)
     assert resp.status_code == 200 and resp.headers["content-type"] == "application/json"
     body = resp.json()
-    assert set(body) == {"model", "answers", "usage"}
+    assert {key for key in body if not key.startswith("x_")} == {"model", "answers", "usage"}
+    assert body["x_calibration"] == "raw"  # extensions are x_-prefixed
     assert list(body["answers"]["tone"]["probabilities"]) == ["angry", "calm", "ünïcode ✓"]
     for answer in body["answers"].values():
         assert all(
@@ -272,3 +273,15 @@ def test_a_request_over_its_timeout_gets_504(real_decider):
     slow = {**BODY, "state": "A long letter. " * 500}
     with ServerThread(create_app(real_decider, settings)) as url:
         assert_error(post(url, slow), 504, "timeout", "0.05 s")
+
+
+def test_calibration_and_order_reads_per_request(server_url):
+    body = {**BODY, "x_calibration": "contextual", "x_order_reads": 2}
+    resp = post(server_url, body)
+    assert resp.status_code == 200, resp.text
+    data = resp.json()
+    assert data["x_calibration"] == "contextual" and data["x_order_reads"] == 2
+    assert data["answers"]["tone"]["x_reads"] == 2 and 0 <= data["answers"]["tone"]["x_stderr"] <= 1
+    assert "x_reads" not in data["answers"]["billing"]
+    assert_validation(post(server_url, {**BODY, "x_calibration": "fitted"}), ["x_calibration"], "calibration file")
+    assert_validation(post(server_url, {**BODY, "x_order_reads": 99}), ["x_order_reads"], "from 1 to 8")

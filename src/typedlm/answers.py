@@ -13,13 +13,18 @@ from typing import Any
 from typedlm.questions import Text
 
 
+def _extensions(extras: dict[str, Any]) -> dict[str, Any]:
+    return {f"x_{key}": value for key, value in extras.items()}
+
+
 @dataclass(frozen=True)
 class NoulAnswer:
     p_yes: float
     raw_mass: float
+    extras: dict[str, Any] = field(default_factory=dict)  # x_-prefixed extensions (stderr, agreement)
 
     def to_wire(self) -> dict[str, Any]:
-        return {"type": "noul", "noul": self.p_yes, "x_raw_mass": self.raw_mass}
+        return {"type": "noul", "noul": self.p_yes, "x_raw_mass": self.raw_mass, **_extensions(self.extras)}
 
 
 @dataclass(frozen=True)
@@ -27,6 +32,7 @@ class ChoiceAnswer:
     probabilities: dict[str, float]  # keyed by the exact option names, in request order
     confidence: float
     raw_mass: float
+    extras: dict[str, Any] = field(default_factory=dict)
 
     @property
     def choice(self) -> str:
@@ -39,6 +45,7 @@ class ChoiceAnswer:
             "probabilities": dict(self.probabilities),
             "confidence": self.confidence,
             "x_raw_mass": self.raw_mass,
+            **_extensions(self.extras),
         }
 
 
@@ -48,6 +55,7 @@ class ScoreAnswer:
     legend: tuple[Text, ...]  # level i → its description, as sent
     confidence: float
     raw_mass: float
+    extras: dict[str, Any] = field(default_factory=dict)
 
     @property
     def score(self) -> float:
@@ -61,6 +69,7 @@ class ScoreAnswer:
             "probabilities": {str(i): p for i, p in enumerate(self.probabilities)},
             "confidence": self.confidence,
             "x_raw_mass": self.raw_mass,
+            **_extensions(self.extras),
         }
 
 
@@ -89,5 +98,5 @@ class Response:
             "answers": {qid: answer.to_wire() for qid, answer in self.answers.items()},
             "usage": self.usage.to_wire(),
         }
-        body.update({f"x_{key}": value for key, value in self.extras.items()})
+        body.update(_extensions(self.extras))
         return body

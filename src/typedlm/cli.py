@@ -1,8 +1,12 @@
-"""Command line: `typedlm serve` runs the HTTP server; `typedlm ask [FILE]` answers one request body.
+"""Command line: `typedlm serve` runs the HTTP server; `typedlm ask [FILE]` answers one request body;
+`typedlm eval` scores labeled data; `typedlm calibrate` fits a calibration file.
 
     typedlm serve                                   # the embedded default model on 127.0.0.1:8000
     typedlm serve --model Qwen/Qwen3-0.6B --device cuda --api-key secret
     echo '{"state": "...", "questions": {...}}' | typedlm ask
+    typedlm eval rotten_tomatoes --limit 300 --methods raw contextual --out eval/rt.json
+    typedlm eval data.jsonl --url http://127.0.0.1:8000
+    typedlm calibrate rotten_tomatoes bbc_news sys1bench --out calibration.json
 
 Bad input prints a clear message on stderr and exits 2; a model that cannot be loaded exits 3.
 """
@@ -15,8 +19,12 @@ import os
 import sys
 from pathlib import Path
 
+from typedlm.calibration import DEFAULT_CALIBRATION
 from typedlm.errors import InvalidRequest, ModelError, TypedLMError
+from typedlm.evaldata import DATASETS
+from typedlm.evaluate import SPLITS
 from typedlm.models import EMBEDDED_MODEL, RECOMMENDED_MODEL
+from typedlm.questions import CALIBRATION_METHODS
 from typedlm.server.settings import API_KEYS_ENV
 
 EXIT_BAD_INPUT = 2
@@ -34,15 +42,40 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default=None, help="float32 or bfloat16 (default: float32 on CPU, bfloat16 on CUDA)")
 
 
+def _add_calibration_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--calibration",
+        choices=CALIBRATION_METHODS,
+        default=None,
+        help=f"default calibration method (requests may pick another with x_calibration; default: "
+        f"{DEFAULT_CALIBRATION}, or fitted with --calibration-file)",
+    )
+    parser.add_argument("--calibration-file", default=None, help="parameters fitted by `typedlm calibrate`")
+    parser.add_argument(
+        "--order-reads",
+        type=int,
+        default=1,
+        help="option orders read per choice/score question, averaged (requests: x_order_reads; default 1)",
+    )
+
+
+def _add_eval_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--split", default="held_out", choices=SPLITS, help="fixed split to use (default held_out)")
+    parser.add_argument("--limit", type=int, default=None, help="a class-balanced sample of this many examples")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the split and the sample (default 0)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="typedlm", description="Typed decisions from language models.")
     commands = parser.add_subparsers(dest="command", required=True)
     ask = commands.add_parser("ask", help="answer one /v1/systemone request body (JSON) and print the response")
     ask.add_argument("file", nargs="?", help="request body file (default: stdin)")
     _add_model_options(ask)
+    _add_calibration_options(ask)
     ask.add_argument("--indent", type=int, default=2, help="JSON indent of the output (default: 2)")
     serve = commands.add_parser("serve", help="serve /v1/systemone, /v1/models and /v1/chat/completions over HTTP")
     _add_model_options(serve)
+    _add_calibration_options(serve)
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
     serve.add_argument(
@@ -67,6 +100,31 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_false",
         help="on CUDA, run each forward eagerly instead of replaying captured graphs",
     )
+    evaluate = commands.add_parser("eval", help="score labeled examples: accuracy, ECE, Brier, NLL, coverage")
+    evaluate.add_argument("data", help=f"a dataset ({', '.join(DATASETS)}) or a JSONL file of examples")
+    _add_eval_options(evaluate)
+    evaluate.add_argument(
+        "--methods", nargs="+", choices=CALIBRATION_METHODS, default=None, help="default: all available"
+    )
+    evaluate.add_argument("--order-reads", nargs="+", type=int, default=[1], help="one row per value (default 1)")
+    evaluate.add_argument("--url", default=None, help="evaluate a running server instead of a model in process")
+    evaluate.add_argument("--api-key", default=None, help="Bearer key for --url")
+    evaluate.add_argument("--out", default=None, help="JSON report path; reliability PNGs beside it")
+    evaluate.add_argument("--calibration-file", default=None, help="enables the fitted method in process")
+    _add_model_options(evaluate)
+    calibrate = commands.add_parser("calibrate", help="fit Platt/temperature calibration on labeled training data")
+    calibrate.add_argument("data", nargs="+", help="datasets or JSONL files (their train split is used)")
+    _add_eval_options(calibrate)
+    calibrate.set_defaults(split="train")
+    calibrate.add_argument(
+        "--base",
+        nargs="+",
+        choices=("raw", "contextual"),
+        default=["raw"],
+        help="method(s) fitted on top of, from one pass over the data (default raw)",
+    )
+    calibrate.add_argument("--out", required=True, help="calibration file; with several bases, OUT.<base>.json")
+    _add_model_options(calibrate)
     return parser
 
 
@@ -86,8 +144,8 @@ def ask(args: argparse.Namespace) -> int:
     from typedlm.questions import parse_request
 
     request = parse_request(_read_body(args.file))  # validate before the (slow) model load
-    decider = Decider.load(args.model, args.device, args.dtype)
-    response = decider.decide(request.state, request.questions)
+    decider = Decider.load(args.model, args.device, args.dtype, **_calibration_kwargs(args))
+    response = decider.decide(request.state, request.questions, request.calibration, request.order_reads)
     json.dump(response.to_wire(), sys.stdout, indent=args.indent or None, ensure_ascii=False)
     sys.stdout.write("\n")
     return 0
@@ -115,6 +173,7 @@ def serve(args: argparse.Namespace) -> int:
         args.max_input_tokens,
         prefix_cache_bytes=args.prefix_cache_mb << 20,
         cuda_graphs=None if args.cuda_graphs else False,
+        **_calibration_kwargs(args),
     )
     auth = f"{len(settings.api_keys)} API key(s)" if settings.api_keys else "auth off"
     print(f"typedlm: serving {decider.name} on http://{args.host}:{args.port} ({auth})", file=sys.stderr, flush=True)
@@ -122,10 +181,75 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _calibration_kwargs(args: argparse.Namespace) -> dict:
+    method = args.calibration or ("fitted" if args.calibration_file else DEFAULT_CALIBRATION)
+    return {"calibration": method, "calibration_file": args.calibration_file, "order_reads": args.order_reads}
+
+
+def _progress(description: str):
+    from tqdm.auto import tqdm
+
+    return lambda items: tqdm(items, desc=description, unit="example", file=sys.stderr)
+
+
+def evaluate_command(args: argparse.Namespace) -> int:
+    from typedlm.evaluate import HttpBackend, LocalBackend, evaluate, load_examples
+    from typedlm.metrics import format_table, reliability_plot
+
+    examples = load_examples(args.data, args.split, args.limit, args.seed)
+    if args.url:
+        backend = HttpBackend(args.url, args.api_key)
+        methods = args.methods or ["raw", "contextual"]
+    else:
+        from typedlm.decider import Decider
+
+        backend = LocalBackend(
+            Decider.load(args.model, args.device, args.dtype, calibration_file=args.calibration_file)
+        )
+        methods = args.methods or ["raw", "contextual", *(["fitted"] if args.calibration_file else [])]
+    rows = evaluate(backend, examples, methods, args.order_reads, _progress(f"eval {args.data}"))
+    print(format_table({f"{args.data} · {row}": summary for row, summary in rows.items()}))
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        report = {
+            "data": args.data,
+            "split": args.split,
+            "seed": args.seed,
+            "examples": len(examples),
+            "model": backend.name,
+            "rows": rows,
+        }
+        out.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+        for row, summary in rows.items():
+            slug = row.replace(", ", "-").replace(" ", "")
+            reliability_plot(summary, out.with_name(f"{out.stem}-{slug}.png"), title=f"{args.data} · {row}")
+        print(f"wrote {out} and its reliability diagrams", file=sys.stderr)
+    return 0
+
+
+def calibrate_command(args: argparse.Namespace) -> int:
+    from typedlm.decider import Decider
+    from typedlm.evaluate import fit_calibrations, load_examples
+
+    examples = [e for data in args.data for e in load_examples(data, args.split, args.limit, args.seed)]
+    decider = Decider.load(args.model, args.device, args.dtype)
+    data = {"sets": args.data, "split": args.split, "seed": args.seed, "limit": args.limit, "examples": len(examples)}
+    files = fit_calibrations(decider, examples, args.base, data, _progress("calibrate"))
+    out = Path(args.out)
+    for base, fitted in files.items():
+        path = out if len(files) == 1 else out.with_name(f"{out.stem}.{base}{out.suffix or '.json'}")
+        fitted.save(path)
+        print(f"{base}: {json.dumps(fitted.params)}")
+        print(f"wrote {path} for {decider.name} (fingerprint {decider.fingerprint})", file=sys.stderr)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    commands = {"ask": ask, "serve": serve, "eval": evaluate_command, "calibrate": calibrate_command}
     try:
-        return serve(args) if args.command == "serve" else ask(args)
+        return commands[args.command](args)
     except InvalidRequest as exc:
         print(f"typedlm: invalid request: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -5,31 +5,39 @@
     response.to_wire()                            # the /v1/systemone response body
 
 Request path (each step names the module that does it):
-1. labels for every question, verified against the tokenizer at load      (labels)
-2. prompt text → shared prefix ids + one suffix per question               (prompt)
-3. limits, checked on token counts before any model work                   (here)
+1. every read of every question: the question itself, and for choice/score with `order_reads` k > 1
+   k rotations of its option order (more suffixes, same pass); labels verified at load   (labels)
+2. prompt text → shared prefix ids + one suffix per read                               (prompt)
+3. limits, checked on token counts before any model work                               (here)
 4. the state's new tokens over the longest cached prefix (system prompt, earlier documents), and
-5. every suffix and label tree packed after them, in ONE forward; read the label mass (engine, packing)
-6. normalise, confidence, wire shape                                       (confidence, answers)
+5. every suffix and label tree packed after them, in ONE forward; read the label mass   (engine, packing)
+6. for contextual calibration, the same reads over a content-free document, whose prefix is cached at
+   load (their masses are remembered per suffix, so repeated questions cost nothing)   (here)
+7. calibrate each read, average the reads, confidence, wire shape          (calibration, confidence, answers)
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from typedlm.answers import Answer, ChoiceAnswer, NoulAnswer, Response, ScoreAnswer, Usage
-from typedlm.confidence import choice_confidence, normalise, score_confidence
+from typedlm.calibration import DEFAULT_CALIBRATION, CalibrationFile, calibrate_read, combine
+from typedlm.confidence import choice_confidence, score_confidence
 from typedlm.engine import Engine
-from typedlm.errors import LimitExceeded
+from typedlm.errors import InvalidRequest, LimitExceeded
 from typedlm.labels import Labeler, LabelSet
-from typedlm.models import LoadedModel, load_model
+from typedlm.models import LoadedModel, load_model, model_fingerprint
 from typedlm.packing import PackedItem
 from typedlm.prefix_cache import PrefixCache
-from typedlm.prompt import ChatLayout
+from typedlm.prompt import PROMPT_VERSION, ChatLayout
 from typedlm.questions import (
+    CALIBRATION_METHODS,
     MAX_LEVELS,
     MAX_OPTIONS,
+    MAX_ORDER_READS,
     ChoiceQuestion,
     NoulQuestion,
     Question,
@@ -39,6 +47,48 @@ from typedlm.questions import (
     parse_request,
     parse_state,
 )
+
+CONTENT_FREE_STATE = "N/A"  # the document contextual calibration reads the label prior from
+PRIOR_CACHE_ENTRIES = 4096  # content-free masses remembered, per suffix
+
+
+@dataclass(frozen=True)
+class Reads:
+    """Every read of one question, each mapped back to the question's own option order."""
+
+    kind: str  # "noul", "choice" or "score"
+    masses: list[list[float]]  # [reads][options]
+    priors: list[list[float]] | None = None  # the same reads on the content-free document
+
+
+def kind_of(question: Question) -> str:
+    if isinstance(question, NoulQuestion):
+        return "noul"
+    return "choice" if isinstance(question, ChoiceQuestion) else "score"
+
+
+def rotations(question: Question, k: int) -> list[tuple[Question, list[int]]]:
+    """Up to k versions of the question with its options rotated, evenly spaced, each with `order`:
+    position j of that version shows option order[j]. Noul questions have one version."""
+    if isinstance(question, NoulQuestion):
+        return [(question, [0, 1])]
+    n = len(question.options) if isinstance(question, ChoiceQuestion) else len(question.levels)
+    versions, reads = [], min(k, n)
+    for shift in sorted({round(r * n / reads) % n for r in range(reads)}):
+        order = [(j + shift) % n for j in range(n)]
+        if isinstance(question, ChoiceQuestion):
+            versions.append((ChoiceQuestion(tuple(question.options[i] for i in order), question.instructions), order))
+        else:
+            versions.append((ScoreQuestion(tuple(question.levels[i] for i in order), question.instructions), order))
+    return versions
+
+
+def _unrotate(masses: list[float], order: list[int]) -> list[float]:
+    original = [0.0] * len(order)
+    for position, option in enumerate(order):
+        original[option] = masses[position]
+    return original
+
 
 DEFAULT_PREFIX_CACHE_BYTES = 1 << 30
 
@@ -52,8 +102,12 @@ class Decider:
         max_input_tokens: int | None = None,
         prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
         cuda_graphs: bool | None = None,
+        calibration: str = DEFAULT_CALIBRATION,
+        calibration_file: CalibrationFile | None = None,
+        order_reads: int = 1,
     ):
         self.name = loaded.name
+        self.fingerprint = model_fingerprint(loaded.model)
         self.tokenizer = loaded.tokenizer
         self.engine = Engine(loaded.model, static=cuda_graphs)
         self.layout = ChatLayout(loaded.tokenizer)
@@ -65,6 +119,20 @@ class Decider:
         cache, length = self.engine.prefill(self.layout.system_ids)
         self.prefix_cache = PrefixCache(prefix_cache_bytes)
         self.prefix_cache.pin(self.layout.system_ids, Engine.snapshot(cache, length))
+        # Calibration: the request's method or this default; a fitted file must match this model and prompt.
+        if calibration_file is not None:
+            calibration_file.check(self.fingerprint, PROMPT_VERSION)
+        self.calibration_file = calibration_file
+        self.calibration = self._method(calibration, "--calibration")
+        if not 1 <= order_reads <= MAX_ORDER_READS:
+            raise InvalidRequest(f"order reads must be from 1 to {MAX_ORDER_READS}")
+        self.order_reads = order_reads
+        # The content-free document's prefix, prefilled once and pinned (contextual calibration).
+        free = self.layout.tokenize(CONTENT_FREE_STATE, [NoulQuestion()]).prefix_ids
+        base = self.prefix_cache.lookup(free)
+        cache, length = self.engine.prefill(free[base.length :], base)
+        self.prefix_cache.pin(free, Engine.snapshot(cache, length))
+        self._priors: OrderedDict[tuple[int, ...], list[float]] = OrderedDict()
 
     @classmethod
     def load(
@@ -75,12 +143,30 @@ class Decider:
         max_input_tokens: int | None = None,
         prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
         cuda_graphs: bool | None = None,
+        calibration: str = DEFAULT_CALIBRATION,
+        calibration_file: str | None = None,
+        order_reads: int = 1,
     ) -> Decider:
         """Load a model (None: the embedded default) and prepare it; see `typedlm.models.load_model`.
 
         `cuda_graphs` (default: on with CUDA) replays each request's forward as a CUDA graph (see `graphs`).
+        `calibration` is the default method (see `typedlm.calibration`), `calibration_file` a file fitted by
+        `typedlm calibrate` for this model, `order_reads` the default number of option orders read.
         """
-        return cls(load_model(model, device, dtype), max_input_tokens, prefix_cache_bytes, cuda_graphs)
+        fitted = CalibrationFile.load(calibration_file) if calibration_file else None
+        loaded = load_model(model, device, dtype)
+        return cls(loaded, max_input_tokens, prefix_cache_bytes, cuda_graphs, calibration, fitted, order_reads)
+
+    def _method(self, method: str, where: str = "x_calibration") -> str:
+        if method not in CALIBRATION_METHODS:
+            raise InvalidRequest(f"{where} must be one of {', '.join(CALIBRATION_METHODS)}", (where,))
+        if method == "fitted" and self.calibration_file is None:
+            raise InvalidRequest(
+                "fitted calibration needs a calibration file for this model (typedlm calibrate, then "
+                "typedlm serve --calibration-file FILE)",
+                (where,),
+            )
+        return method
 
     def labels_for(self, question: Question) -> LabelSet:
         if isinstance(question, NoulQuestion):
@@ -107,44 +193,104 @@ class Decider:
                 "shorten the state or send fewer questions"
             )
 
-    def decide(self, state: Text, questions: Mapping[str, Question]) -> Response:
-        """Answer every question about `state` from one packed forward pass.
+    def read(
+        self, state: Text, questions: Mapping[str, Question], order_reads: int = 1, contextual: bool = False
+    ) -> tuple[dict[str, Reads], int]:
+        """The raw label masses of every read of every question, from one packed forward pass.
 
-        Returns:
-            A `Response` whose answers are keyed like `questions`.
+        Returns the reads keyed like `questions` and the number of tokens run through the model.
         Raises:
             LimitExceeded: the prompt is longer than the model or the configuration allows.
         """
         qids = list(questions)
-        # 1-2. labels and token ids, all before any model work
-        prompt = self.layout.tokenize(state, [questions[q] for q in qids])
-        items = [PackedItem(ids, self.labels_for(questions[q])) for q, ids in zip(qids, prompt.suffix_ids)]
+        # 1-2. every read's question version, labels and token ids, all before any model work
+        versions = {q: rotations(questions[q], order_reads) for q in qids}
+        flat = [(q, version, order) for q in qids for version, order in versions[q]]
+        prompt = self.layout.tokenize(state, [version for _, version, _ in flat])
+        items = [PackedItem(ids, self.labels_for(version)) for (_, version, _), ids in zip(flat, prompt.suffix_ids)]
         # 3. limits
-        self._check_limits(len(prompt.prefix_ids), items, qids)
-        # 4. prefill the state on top of the longest cached prefix (at least the system prompt, usually)
-        # 5. and every question packed after it, in one forward (two for sliding-window models)
+        self._check_limits(len(prompt.prefix_ids), items, [q for q, _, _ in flat])
+        # 4-5. the state on top of the longest cached prefix, every read packed after it, in one forward
         base = self.prefix_cache.lookup(prompt.prefix_ids)
         shared = base.length if base else 0
         keep = self.prefix_cache.max_bytes > 0  # a prefix that will not be cached need not be copied
         masses, prefix = self.engine.run(prompt.prefix_ids[shared:], items, base, keep_prefix=keep)
-        prefix_len = prefix.length
-        if prefix_len > shared:
+        if prefix.length > shared:
             self.prefix_cache.insert(prompt.prefix_ids, prefix)
-        # 6. answers
-        answers = {q: self._answer(questions[q], m) for q, m in zip(qids, masses)}
-        processed = (prefix_len - shared) + sum(len(i.suffix_ids) + len(i.labels.inner_nodes) for i in items)
-        return Response(self.name, answers, Usage(processed))
+        processed = (prefix.length - shared) + sum(len(i.suffix_ids) + len(i.labels.inner_nodes) for i in items)
+        # 6. the content-free priors of the same reads
+        priors = self._content_free(flat) if contextual else None
+        reads: dict[str, Reads] = {}
+        for i, (q, _, order) in enumerate(flat):
+            kind = kind_of(questions[q])
+            entry = reads.setdefault(q, Reads(kind, [], [] if priors else None))
+            entry.masses.append(_unrotate(masses[i], order))
+            if priors:
+                entry.priors.append(_unrotate(priors[i], order))
+        return reads, processed
 
-    @staticmethod
-    def _answer(question: Question, masses: list[float]) -> Answer:
-        probs, raw_mass = normalise(masses)
+    def _content_free(self, flat: list[tuple[str, Question, list[int]]]) -> list[list[float]]:
+        """Masses of each read's question on the content-free document, remembered per suffix."""
+        prompt = self.layout.tokenize(CONTENT_FREE_STATE, [version for _, version, _ in flat])
+        keys = [tuple(ids) for ids in prompt.suffix_ids]
+        missing = {key: i for i, key in enumerate(keys) if key not in self._priors}
+        if missing:
+            base = self.prefix_cache.lookup(prompt.prefix_ids)
+            items = [PackedItem(list(key), self.labels_for(flat[i][1])) for key, i in missing.items()]
+            masses, _ = self.engine.run(prompt.prefix_ids[base.length :], items, base, keep_prefix=False)
+            for key, m in zip(missing, masses):
+                self._priors[key] = m
+                if len(self._priors) > PRIOR_CACHE_ENTRIES:
+                    self._priors.popitem(last=False)
+        return [self._priors[key] for key in keys]
+
+    def answer(self, question: Question, reads: Reads, method: str) -> Answer:
+        """One question's answer from its reads: each read calibrated by `method`, then averaged."""
+        each = [
+            calibrate_read(reads.kind, m, method, reads.priors[i] if reads.priors else None, self.calibration_file)
+            for i, m in enumerate(reads.masses)
+        ]
+        probs, stderr, agreement = combine(each)
+        probs = [float(p) for p in probs]
+        raw_mass = sum(min(1.0, float(sum(m))) for m in reads.masses) / len(reads.masses)
+        extras = {"stderr": stderr, "agreement": agreement, "reads": len(each)} if len(each) > 1 else {}
         if isinstance(question, NoulQuestion):
-            return NoulAnswer(probs[0], raw_mass)
+            return NoulAnswer(probs[0], raw_mass, extras)
         if isinstance(question, ChoiceQuestion):
             by_name = {name: p for (name, _), p in zip(question.options, probs)}
-            return ChoiceAnswer(by_name, choice_confidence(probs), raw_mass)
+            return ChoiceAnswer(by_name, choice_confidence(probs), raw_mass, extras)
         assert isinstance(question, ScoreQuestion)
-        return ScoreAnswer(tuple(probs), question.levels, score_confidence(probs), raw_mass)
+        return ScoreAnswer(tuple(probs), question.levels, score_confidence(probs), raw_mass, extras)
+
+    def decide(
+        self,
+        state: Text,
+        questions: Mapping[str, Question],
+        calibration: str | None = None,
+        order_reads: int | None = None,
+    ) -> Response:
+        """Answer every question about `state` from one packed forward pass.
+
+        `calibration` and `order_reads` override the decider's defaults for this request.
+        Returns:
+            A `Response` whose answers are keyed like `questions`.
+        Raises:
+            LimitExceeded: the prompt is longer than the model or the configuration allows.
+            InvalidRequest: fitted calibration without a calibration file.
+        """
+        method = self._method(calibration) if calibration else self.calibration
+        k = order_reads or self.order_reads
+        reads, processed = self.read(state, questions, k, contextual=self.needs_prior(method))
+        answers = {q: self.answer(questions[q], reads[q], method) for q in questions}
+        extras: dict[str, Any] = {"calibration": method}
+        if k > 1:
+            extras["order_reads"] = k
+        return Response(self.name, answers, Usage(processed), extras)
+
+    def needs_prior(self, method: str) -> bool:
+        """Whether `method` reads the content-free priors."""
+        fitted_base = self.calibration_file.base if self.calibration_file else None
+        return method == "contextual" or (method == "fitted" and fitted_base == "contextual")
 
     def stats(self) -> dict[str, dict[str, int]]:
         """Counters for monitoring: the prefix cache's hits, misses, entries and bytes."""
@@ -157,4 +303,4 @@ class Decider:
     def respond(self, body: Any) -> dict[str, Any]:
         """A whole `/v1/systemone` request body → the response body."""
         request = parse_request(body)
-        return self.decide(request.state, request.questions).to_wire()
+        return self.decide(request.state, request.questions, request.calibration, request.order_reads).to_wire()

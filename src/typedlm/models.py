@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import os
 import shutil
 import tempfile
@@ -33,6 +34,25 @@ class LoadedModel:
     model: torch.nn.Module
     tokenizer: object
     name: str  # what responses report as the model
+
+
+FINGERPRINT_SAMPLE = 4096  # values read from each sampled parameter tensor
+_CONFIG_NOISE = ("_name_or_path", "transformers_version", "dtype", "torch_dtype", "_attn_implementation_autoset")
+
+
+def model_fingerprint(model: torch.nn.Module) -> str:
+    """A short hash of the architecture and the weights, the same in float32 and bfloat16 and on any device.
+
+    It hashes the config (without paths and versions) and, for every parameter, its name, shape and the sum
+    of its first values rounded to bfloat16 (so a bfloat16 copy of float32 weights hashes the same).
+    """
+    config = {k: v for k, v in model.config.to_dict().items() if k not in _CONFIG_NOISE and not k.startswith("_")}
+    digest = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode())
+    with torch.no_grad():
+        for name, param in sorted(model.named_parameters()):
+            sample = param.detach().flatten()[:FINGERPRINT_SAMPLE].to(torch.bfloat16).double().sum().item()
+            digest.update(f"{name}{tuple(param.shape)}{sample:.9e}".encode())
+    return digest.hexdigest()[:16]
 
 
 def embedded_gguf_path() -> Path:

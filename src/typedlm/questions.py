@@ -20,6 +20,8 @@ MAX_OPTIONS = 255
 MIN_LEVELS = 2
 MAX_LEVELS = 10
 QUESTION_TYPES = ("noul", "choice", "score")
+CALIBRATION_METHODS = ("raw", "contextual", "fitted")  # see typedlm.calibration
+MAX_ORDER_READS = 8  # option orders read per choice/score question (x_order_reads)
 
 Text = str | dict | list  # JSON text: a string, or an object/array rendered as JSON
 
@@ -59,6 +61,8 @@ class Request:
     state: Text
     questions: dict[str, Question]
     model: str | None = None
+    calibration: str | None = None  # x_calibration; None: the server's default
+    order_reads: int | None = None  # x_order_reads; None: the server's default
 
 
 def _is_text(value: Any) -> bool:
@@ -171,4 +175,12 @@ def parse_request(body: Any) -> Request:
         raise InvalidRequest("image assets need a vision model; this model reads text only", ("assets",))
     if "questions" not in body:
         raise InvalidRequest("questions is required", ("questions",))
-    return Request(parse_state(body.get("state")), parse_questions(body["questions"]), model)
+    calibration = body.get("x_calibration")
+    if calibration is not None and calibration not in CALIBRATION_METHODS:
+        raise InvalidRequest(f"x_calibration must be one of {', '.join(CALIBRATION_METHODS)}", ("x_calibration",))
+    order_reads = body.get("x_order_reads")
+    if order_reads is not None and (
+        isinstance(order_reads, bool) or not isinstance(order_reads, int) or not 1 <= order_reads <= MAX_ORDER_READS
+    ):
+        raise InvalidRequest(f"x_order_reads must be an integer from 1 to {MAX_ORDER_READS}", ("x_order_reads",))
+    return Request(parse_state(body.get("state")), parse_questions(body["questions"]), model, calibration, order_reads)

@@ -31,7 +31,13 @@ VERSION = "0.1.0"
 class DeciderLike(Protocol):
     name: str
 
-    def decide(self, state: Text, questions: Mapping[str, Question]) -> Response: ...
+    def decide(
+        self,
+        state: Text,
+        questions: Mapping[str, Question],
+        calibration: str | None = None,
+        order_reads: int | None = None,
+    ) -> Response: ...
 
     def stats(self) -> dict[str, dict[str, int]]: ...
 
@@ -63,8 +69,12 @@ def create_app(decider: DeciderLike, settings: ServerSettings | None = None) -> 
             names = ", ".join([decider.name, *settings.aliases])
             raise APIError(404, "model_not_found", f"unknown model {model!r}; this server serves: {names}")
 
-    async def answer(state: Text, questions: Mapping[str, Question]) -> Response:
-        return await worker.submit(decider.decide, state, questions, timeout_s=settings.request_timeout_s)
+    async def answer(
+        state: Text, questions: Mapping[str, Question], calibration: str | None = None, order_reads: int | None = None
+    ) -> Response:
+        return await worker.submit(
+            decider.decide, state, questions, calibration, order_reads, timeout_s=settings.request_timeout_s
+        )
 
     json_body = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/SystemOneRequest"}}}}
 
@@ -84,7 +94,7 @@ def create_app(decider: DeciderLike, settings: ServerSettings | None = None) -> 
         body = parse_json(await read_body(request, settings.max_body_bytes))
         parsed = parse_request(body)
         check_model(parsed.model)
-        response = await answer(parsed.state, parsed.questions)
+        response = await answer(parsed.state, parsed.questions, parsed.calibration, parsed.order_reads)
         return JSONResponse(response.to_wire())
 
     @app.get("/v1/models", dependencies=[Depends(authorized)], response_model=schemas.ModelList, summary="List models")

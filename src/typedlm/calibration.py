@@ -1,0 +1,188 @@
+"""Calibration: raw label masses in, probabilities that mean what they say out. Plain numbers, no model.
+
+Methods (a request or a server picks one by name):
+
+- `raw`: masses divided by their total;
+- `contextual`: each label's mass divided by the mass the model gives it on a content-free document
+  (the label prior the model shows with nothing to read), then normalised (Zhao et al., 2021, "Calibrate
+  before use");
+- `fitted`: a `CalibrationFile` fitted by `typedlm calibrate` on labeled data, applied on top of its base
+  method (raw or contextual): for noul Platt scaling of the yes/no log-odds, p = σ(a·z + b); for choice
+  and score a temperature, p ∝ p_base^(1/T).
+
+Several reads of one question (the option order rotated, see the decider) are calibrated one by one and
+then averaged; `combine` returns the mean, the standard error of the chosen answer's probability across
+reads, and the share of reads that agree with the combined argmax.
+
+A `CalibrationFile` records what it was fitted for (the model's fingerprint and the prompt version) and on
+what data; `check` refuses it for another model or prompt, since its numbers would be meaningless there.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from typedlm.errors import ModelError
+
+DEFAULT_CALIBRATION = "raw"  # without a calibration file; see docs/calibration.md for the measurements
+FORMAT = "typedlm-calibration/1"
+FLOOR = 1e-12  # probabilities are clipped here before logarithms
+
+
+def normalised(masses: Sequence[float]) -> np.ndarray:
+    """Masses divided by their total; a zero total reads as uniform."""
+    m = np.asarray(masses, dtype=np.float64)
+    total = m.sum()
+    return m / total if total > 0 else np.full(len(m), 1 / len(m))
+
+
+def contextual(masses: Sequence[float], prior: Sequence[float]) -> np.ndarray:
+    """Masses with the content-free label prior divided out, normalised."""
+    return normalised(normalised(masses) / np.maximum(normalised(prior), FLOOR))
+
+
+def platt(probs: np.ndarray, a: float, b: float) -> np.ndarray:
+    """Noul (p_yes, p_no) → σ(a·log(p_yes/p_no) + b) as (p_yes, p_no)."""
+    z = math.log(max(probs[0], FLOOR)) - math.log(max(probs[1], FLOOR))
+    p_yes = 1 / (1 + math.exp(-(a * z + b))) if a * z + b > -700 else 0.0
+    return np.array([p_yes, 1 - p_yes])
+
+
+def tempered(probs: np.ndarray, temperature: float) -> np.ndarray:
+    """p ∝ p^(1/T): T > 1 softens, T < 1 sharpens; the argmax never changes."""
+    logits = np.log(np.maximum(probs, FLOOR)) / temperature
+    logits -= logits.max()
+    return normalised(np.exp(logits))
+
+
+@dataclass(frozen=True)
+class CalibrationFile:
+    """Fitted parameters per question type, with what they were fitted for and on."""
+
+    model: str
+    fingerprint: str
+    prompt_version: str
+    base: str  # "raw" or "contextual": the method the parameters apply on top of
+    params: dict[str, dict[str, float]]  # "noul": {"a", "b"}; "choice"/"score": {"temperature"}
+    data: dict[str, Any] = field(default_factory=dict)  # which sets, split, seed, counts
+
+    def apply(self, kind: str, probs: np.ndarray) -> np.ndarray:
+        params = self.params.get(kind)
+        if params is None:
+            return probs
+        if kind == "noul":
+            return platt(probs, params["a"], params["b"])
+        return tempered(probs, params["temperature"])
+
+    def check(self, fingerprint: str, prompt_version: str) -> None:
+        """Raise `ModelError` unless this file was fitted for this model and prompt."""
+        if self.fingerprint != fingerprint:
+            raise ModelError(
+                f"this calibration file was fitted for another model ({self.model}, fingerprint "
+                f"{self.fingerprint}; this model's is {fingerprint}): fit one with `typedlm calibrate`"
+            )
+        if self.prompt_version != prompt_version:
+            raise ModelError(
+                f"this calibration file was fitted with prompt version {self.prompt_version}; this typedlm uses "
+                f"{prompt_version}: fit it again with `typedlm calibrate`"
+            )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "model": self.model,
+            "fingerprint": self.fingerprint,
+            "prompt_version": self.prompt_version,
+            "base": self.base,
+            "params": self.params,
+            "data": self.data,
+        }
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_json(), indent=1) + "\n", encoding="utf-8")
+
+    @classmethod
+    def load(cls, path: str | Path) -> CalibrationFile:
+        try:
+            obj = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ModelError(f"cannot read calibration file {path}: {exc}") from exc
+        if not isinstance(obj, dict) or obj.get("format") != FORMAT:
+            raise ModelError(f"{path} is not a typedlm calibration file (format {FORMAT})")
+        if obj.get("base") not in ("raw", "contextual"):
+            raise ModelError(f"{path}: base must be raw or contextual")
+        try:
+            return cls(
+                obj["model"], obj["fingerprint"], obj["prompt_version"], obj["base"], obj["params"], obj.get("data", {})
+            )
+        except KeyError as exc:
+            raise ModelError(f"{path} lacks {exc}") from exc
+
+
+def calibrate_read(
+    kind: str,
+    masses: Sequence[float],
+    method: str,
+    prior: Sequence[float] | None = None,
+    fitted: CalibrationFile | None = None,
+) -> np.ndarray:
+    """One read's masses → probabilities by `method` (see the module docstring)."""
+    if method == "raw":
+        return normalised(masses)
+    if method == "contextual":
+        assert prior is not None, "contextual calibration needs the content-free prior"
+        return contextual(masses, prior)
+    assert method == "fitted" and fitted is not None, f"unknown method {method} or no calibration file"
+    base = calibrate_read(kind, masses, fitted.base, prior)
+    return fitted.apply(kind, base)
+
+
+def combine(reads: Sequence[np.ndarray]) -> tuple[np.ndarray, float, float]:
+    """(mean probabilities, stderr of the chosen answer's probability, share of reads agreeing on it)."""
+    stacked = np.stack(reads)  # [k, n]
+    mean = stacked.mean(axis=0)
+    top = int(mean.argmax())
+    k = len(reads)
+    stderr = float(stacked[:, top].std(ddof=1) / math.sqrt(k)) if k > 1 else 0.0
+    agreement = float((stacked.argmax(axis=1) == top).mean())
+    return mean, stderr, agreement
+
+
+# ---------------------------------------------------------------- fitting (used by `typedlm calibrate`)
+
+
+def _nll(probs: np.ndarray, gold: np.ndarray) -> float:
+    return float(-np.log(np.maximum(probs[np.arange(len(gold)), gold], FLOOR)).mean())
+
+
+def fit_temperature(probs: Sequence[np.ndarray], gold: Sequence[int]) -> float:
+    """The temperature minimising the NLL of `gold` under p ∝ p^(1/T) (rows may differ in length)."""
+    from scipy.optimize import minimize_scalar
+
+    def loss(log_t: float) -> float:
+        t = math.exp(log_t)
+        return float(np.mean([-math.log(max(tempered(p, t)[g], FLOOR)) for p, g in zip(probs, gold, strict=True)]))
+
+    return float(math.exp(minimize_scalar(loss, bounds=(-4.0, 4.0), method="bounded").x))
+
+
+def fit_platt(probs: Sequence[np.ndarray], gold_yes: Sequence[bool]) -> tuple[float, float]:
+    """(a, b) minimising the NLL of σ(a·z + b), z = log(p_yes/p_no): logistic regression on one feature."""
+    from scipy.optimize import minimize
+
+    z = np.array([math.log(max(p[0], FLOOR)) - math.log(max(p[1], FLOOR)) for p in probs])
+    y = np.asarray(gold_yes, dtype=np.float64)
+
+    def loss(ab: np.ndarray) -> float:
+        s = ab[0] * z + ab[1]
+        return float(np.mean(np.logaddexp(0, -s) * y + np.logaddexp(0, s) * (1 - y)))
+
+    result = minimize(loss, np.array([1.0, 0.0]), method="L-BFGS-B")
+    return float(result.x[0]), float(result.x[1])

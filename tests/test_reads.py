@@ -1,0 +1,91 @@
+"""Order-debiased reads and contextual calibration in the decider, checked against independent requests."""
+
+from __future__ import annotations
+
+import pytest
+
+from typedlm.calibration import CalibrationFile, contextual, normalised
+from typedlm.decider import CONTENT_FREE_STATE, Decider, rotations
+from typedlm.errors import InvalidRequest, ModelError
+from typedlm.models import LoadedModel
+from typedlm.prompt import PROMPT_VERSION
+from typedlm.questions import ChoiceQuestion, NoulQuestion, ScoreQuestion
+
+from .conftest import tiny_model
+
+STATE = "The parcel arrived broken and the customer wants a new one sent today."
+TOPIC = ChoiceQuestion((("billing", None), ("shipping", "parcels"), ("account", None), ("other", None)), "Topic?")
+URGENCY = ScoreQuestion(("low", "medium", "high"), "How urgent?")
+QUESTIONS = {"late": NoulQuestion("Is it late?"), "topic": TOPIC, "urgency": URGENCY}
+
+
+@pytest.fixture(scope="module")
+def decider(tokenizer):
+    return Decider(LoadedModel(tiny_model("qwen3", len(tokenizer), seed=5), tokenizer, "tiny-qwen3"))
+
+
+def test_rotations_cover_every_option_in_every_position():
+    versions = rotations(TOPIC, 4)
+    assert [order for _, order in versions] == [[0, 1, 2, 3], [1, 2, 3, 0], [2, 3, 0, 1], [3, 0, 1, 2]]
+    assert versions[1][0].options[0] == TOPIC.options[1]
+    assert len(rotations(URGENCY, 8)) == 3  # no more versions than levels
+    assert [order for _, order in rotations(TOPIC, 2)] == [[0, 1, 2, 3], [2, 3, 0, 1]]
+    assert len(rotations(QUESTIONS["late"], 4)) == 1
+
+
+def test_each_read_equals_the_rotated_question_asked_alone(decider):
+    reads, _ = decider.read(STATE, QUESTIONS, order_reads=3)
+    assert len(reads["late"].masses) == 1 and len(reads["topic"].masses) == 3 and len(reads["urgency"].masses) == 3
+    for qid in ("topic", "urgency"):
+        for (version, order), masses in zip(rotations(QUESTIONS[qid], 3), reads[qid].masses, strict=True):
+            alone, _ = decider.read(STATE, {"q": version})
+            # alone's masses are by position; the read maps position j back to option order[j]
+            assert masses == pytest.approx([alone["q"].masses[0][order.index(i)] for i in range(len(order))], abs=1e-6)
+    # the unrotated read is the plain one
+    plain, _ = decider.read(STATE, QUESTIONS)
+    assert reads["topic"].masses[0] == pytest.approx(plain["topic"].masses[0], abs=1e-6)
+
+
+def test_order_reads_answers_average_and_report_spread(decider):
+    response = decider.decide(STATE, QUESTIONS, order_reads=4)
+    topic = response.answers["topic"].to_wire()
+    reads, _ = decider.read(STATE, QUESTIONS, order_reads=4)
+    mean = sum(normalised(m) for m in reads["topic"].masses) / 4
+    assert list(topic["probabilities"].values()) == pytest.approx(list(mean), abs=1e-9)
+    assert topic["x_reads"] == 4 and topic["x_stderr"] >= 0 and 0.25 <= topic["x_agreement"] <= 1
+    assert "x_stderr" not in response.answers["late"].to_wire()  # a noul question is read once
+    assert response.to_wire()["x_order_reads"] == 4
+
+
+def test_contextual_prior_is_the_content_free_documents_masses(decider):
+    reads, _ = decider.read(STATE, QUESTIONS, contextual=True)
+    free, _ = decider.read(CONTENT_FREE_STATE, QUESTIONS)
+    for qid in QUESTIONS:
+        assert reads[qid].priors[0] == pytest.approx(free[qid].masses[0], abs=1e-6)
+    answer = decider.decide(STATE, QUESTIONS, calibration="contextual").answers["topic"]
+    want = contextual(reads["topic"].masses[0], reads["topic"].priors[0])
+    assert list(answer.probabilities.values()) == pytest.approx(list(want), abs=1e-9)
+    assert decider.decide(STATE, QUESTIONS, calibration="contextual").to_wire()["x_calibration"] == "contextual"
+
+
+def test_fitted_calibration_needs_a_file_for_this_model(decider, tokenizer):
+    with pytest.raises(InvalidRequest, match="calibration file"):
+        decider.decide(STATE, QUESTIONS, calibration="fitted")
+    file = CalibrationFile("tiny", decider.fingerprint, PROMPT_VERSION, "raw", {"noul": {"a": 0.0, "b": 0.0}})
+    loaded = LoadedModel(decider.engine.model, tokenizer, "tiny-qwen3")
+    calibrated = Decider(loaded, calibration="fitted", calibration_file=file)
+    assert calibrated.decide(STATE, QUESTIONS).answers["late"].p_yes == pytest.approx(0.5)  # σ(0·z + 0)
+    other = LoadedModel(tiny_model("qwen3", len(tokenizer), seed=6), tokenizer, "other")
+    with pytest.raises(ModelError, match="another model"):
+        Decider(other, calibration_file=file)
+
+
+def test_fingerprint_ignores_dtype_but_not_weights(decider, tokenizer):
+    import torch
+
+    from typedlm.models import model_fingerprint
+
+    model = tiny_model("qwen3", len(tokenizer), seed=5)
+    assert model_fingerprint(model) == decider.fingerprint
+    assert model_fingerprint(model.to(torch.bfloat16)) == decider.fingerprint
+    assert model_fingerprint(tiny_model("qwen3", len(tokenizer), seed=6)) != decider.fingerprint
