@@ -13,6 +13,7 @@ from typedlm.calibration import (
     combine,
     contextual,
     fit_platt,
+    fit_scaling,
     fit_temperature,
     normalised,
     platt,
@@ -94,3 +95,30 @@ def test_calibration_file_round_trip_and_checks(tmp_path):
         path.write_text(bad)
         with pytest.raises(ModelError):
             CalibrationFile.load(path)
+
+
+def test_per_question_scaling_learns_how_often_each_answer_is_right():
+    rng = np.random.default_rng(1)
+    # an uninformative model (always 0.5/0.3/0.2) on a question whose answer is option 2 in 70% of cases
+    probs = [np.array([0.5, 0.3, 0.2])] * 3000
+    gold = rng.choice(3, size=3000, p=[0.1, 0.2, 0.7])
+    temperature, bias = fit_scaling(probs, gold)
+    got = tempered(probs[0], temperature, bias)
+    assert got == pytest.approx([0.1, 0.2, 0.7], abs=0.03)
+
+
+def test_a_files_own_question_parameters_win_over_its_types():
+    from typedlm.calibration import signature
+    from typedlm.questions import ChoiceQuestion
+
+    known = ChoiceQuestion((("a", None), ("b", None)), "Known?")
+    unknown = ChoiceQuestion((("a", None), ("b", None)), "Unknown?")
+    questions = {signature(known): {"kind": "choice", "n": 50, "temperature": 1.0, "bias": [0.0, math.log(3)]}}
+    file = fitted(questions=questions, params={"choice": {"temperature": 1.0}})
+    assert calibrate_read("choice", [0.5, 0.5], "fitted", fitted=file, question=signature(known)) == pytest.approx(
+        [0.25, 0.75]
+    )
+    assert calibrate_read("choice", [0.5, 0.5], "fitted", fitted=file, question=signature(unknown)) == pytest.approx(
+        [0.5, 0.5]
+    )
+    assert signature(known) != signature(unknown) and len(signature(known)) == 16

@@ -7,8 +7,11 @@ Methods (a request or a server picks one by name):
   (the label prior the model shows with nothing to read), then normalised (Zhao et al., 2021, "Calibrate
   before use");
 - `fitted`: a `CalibrationFile` fitted by `typedlm calibrate` on labeled data, applied on top of its base
-  method (raw or contextual): for noul Platt scaling of the yes/no log-odds, p = σ(a·z + b); for choice
-  and score a temperature, p ∝ p_base^(1/T).
+  method (raw or contextual). Per question type: for noul Platt scaling of the yes/no log-odds,
+  p = σ(a·z + b); for choice and score a temperature, p ∝ p_base^(1/T). Per question, for questions the
+  training data asks often enough (the same text, options and levels: see `signature`): Platt scaling, or a
+  temperature and a bias per option, p ∝ p_base^(1/T)·e^(b_i), which also learns how often each answer is
+  right. A question the file does not know gets its type's parameters.
 
 Several reads of one question (the option order rotated, see the decider) are calibrated one by one and
 then averaged; `combine` returns the mean, the standard error of the chosen answer's probability across
@@ -20,6 +23,7 @@ what data; `check` refuses it for another model or prompt, since its numbers wou
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from collections.abc import Sequence
@@ -30,10 +34,19 @@ from typing import Any
 import numpy as np
 
 from typedlm.errors import ModelError
+from typedlm.prompt import question_block
+from typedlm.questions import Question
 
 DEFAULT_CALIBRATION = "raw"  # without a calibration file; see docs/calibration.md for the measurements
 FORMAT = "typedlm-calibration/1"
 FLOOR = 1e-12  # probabilities are clipped here before logarithms
+MIN_QUESTION_EXAMPLES = 30  # training answers a question needs for parameters of its own
+BIAS_PENALTY = 1e-3  # L2 on per-option biases: an option never right in training is not pushed to −∞
+
+
+def signature(question: Question) -> str:
+    """A short hash of a question as the model reads it (text, options or levels, answer format)."""
+    return hashlib.sha256(question_block(question).encode()).hexdigest()[:16]
 
 
 def normalised(masses: Sequence[float]) -> np.ndarray:
@@ -55,11 +68,19 @@ def platt(probs: np.ndarray, a: float, b: float) -> np.ndarray:
     return np.array([p_yes, 1 - p_yes])
 
 
-def tempered(probs: np.ndarray, temperature: float) -> np.ndarray:
-    """p ∝ p^(1/T): T > 1 softens, T < 1 sharpens; the argmax never changes."""
+def tempered(probs: np.ndarray, temperature: float, bias: Sequence[float] | None = None) -> np.ndarray:
+    """p ∝ p^(1/T)·e^(b): T > 1 softens, T < 1 sharpens; without a bias the argmax never changes."""
     logits = np.log(np.maximum(probs, FLOOR)) / temperature
+    if bias is not None:
+        logits = logits + np.asarray(bias)
     logits -= logits.max()
     return normalised(np.exp(logits))
+
+
+def _scaled(params: dict[str, Any], kind: str, probs: np.ndarray) -> np.ndarray:
+    if kind == "noul":
+        return platt(probs, params["a"], params["b"])
+    return tempered(probs, params["temperature"], params.get("bias"))
 
 
 @dataclass(frozen=True)
@@ -72,14 +93,15 @@ class CalibrationFile:
     base: str  # "raw" or "contextual": the method the parameters apply on top of
     params: dict[str, dict[str, float]]  # "noul": {"a", "b"}; "choice"/"score": {"temperature"}
     data: dict[str, Any] = field(default_factory=dict)  # which sets, split, seed, counts
+    questions: dict[str, dict[str, Any]] = field(default_factory=dict)  # signature → {"kind", "n", params}
 
-    def apply(self, kind: str, probs: np.ndarray) -> np.ndarray:
+    def apply(self, kind: str, probs: np.ndarray, question: str | None = None) -> np.ndarray:
+        """Calibrated probabilities: the question's own parameters (by signature) if known, else its type's."""
+        own = self.questions.get(question) if question else None
+        if own is not None and own["kind"] == kind and len(own.get("bias", probs)) == len(probs):
+            return _scaled(own, kind, probs)
         params = self.params.get(kind)
-        if params is None:
-            return probs
-        if kind == "noul":
-            return platt(probs, params["a"], params["b"])
-        return tempered(probs, params["temperature"])
+        return probs if params is None else _scaled(params, kind, probs)
 
     def check(self, fingerprint: str, prompt_version: str) -> None:
         """Raise `ModelError` unless this file was fitted for this model and prompt."""
@@ -103,6 +125,7 @@ class CalibrationFile:
             "base": self.base,
             "params": self.params,
             "data": self.data,
+            "questions": self.questions,
         }
 
     def save(self, path: str | Path) -> None:
@@ -120,7 +143,13 @@ class CalibrationFile:
             raise ModelError(f"{path}: base must be raw or contextual")
         try:
             return cls(
-                obj["model"], obj["fingerprint"], obj["prompt_version"], obj["base"], obj["params"], obj.get("data", {})
+                obj["model"],
+                obj["fingerprint"],
+                obj["prompt_version"],
+                obj["base"],
+                obj["params"],
+                obj.get("data", {}),
+                obj.get("questions", {}),
             )
         except KeyError as exc:
             raise ModelError(f"{path} lacks {exc}") from exc
@@ -132,8 +161,9 @@ def calibrate_read(
     method: str,
     prior: Sequence[float] | None = None,
     fitted: CalibrationFile | None = None,
+    question: str | None = None,
 ) -> np.ndarray:
-    """One read's masses → probabilities by `method` (see the module docstring)."""
+    """One read's masses → probabilities by `method` (see the module docstring); `question` is its signature."""
     if method == "raw":
         return normalised(masses)
     if method == "contextual":
@@ -141,7 +171,7 @@ def calibrate_read(
         return contextual(masses, prior)
     assert method == "fitted" and fitted is not None, f"unknown method {method} or no calibration file"
     base = calibrate_read(kind, masses, fitted.base, prior)
-    return fitted.apply(kind, base)
+    return fitted.apply(kind, base, question)
 
 
 def combine(reads: Sequence[np.ndarray]) -> tuple[np.ndarray, float, float]:
@@ -171,6 +201,25 @@ def fit_temperature(probs: Sequence[np.ndarray], gold: Sequence[int]) -> float:
         return float(np.mean([-math.log(max(tempered(p, t)[g], FLOOR)) for p, g in zip(probs, gold, strict=True)]))
 
     return float(math.exp(minimize_scalar(loss, bounds=(-4.0, 4.0), method="bounded").x))
+
+
+def fit_scaling(probs: Sequence[np.ndarray], gold: Sequence[int]) -> tuple[float, list[float]]:
+    """(T, biases) minimising the NLL of `gold` under p ∝ p^(1/T)·e^(b) for one question (fixed option count);
+    the first bias is 0, the others are lightly penalised (`BIAS_PENALTY`)."""
+    from scipy.optimize import minimize
+
+    logp = np.log(np.maximum(np.stack(probs), FLOOR))  # [N, n]
+    gold = np.asarray(gold)
+
+    def loss(x: np.ndarray) -> float:
+        logits = logp / math.exp(x[0]) + np.concatenate([[0.0], x[1:]])
+        lse = np.logaddexp.reduce(logits, axis=1)
+        return float((lse - logits[np.arange(len(gold)), gold]).mean() + BIAS_PENALTY * (x[1:] ** 2).sum())
+
+    result = minimize(
+        loss, np.zeros(logp.shape[1]), method="L-BFGS-B", bounds=[(-4, 4)] + [(-10, 10)] * (logp.shape[1] - 1)
+    )
+    return float(math.exp(result.x[0])), [0.0, *map(float, result.x[1:])]
 
 
 def fit_platt(probs: Sequence[np.ndarray], gold_yes: Sequence[bool]) -> tuple[float, float]:

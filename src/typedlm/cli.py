@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -110,7 +111,12 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--url", default=None, help="evaluate a running server instead of a model in process")
     evaluate.add_argument("--api-key", default=None, help="Bearer key for --url")
     evaluate.add_argument("--out", default=None, help="JSON report path; reliability PNGs beside it")
-    evaluate.add_argument("--calibration-file", default=None, help="enables the fitted method in process")
+    evaluate.add_argument(
+        "--calibration-file",
+        nargs="+",
+        default=[],
+        help="in process: one row per file, fitted on its base (over --url, use --methods fitted)",
+    )
     _add_model_options(evaluate)
     calibrate = commands.add_parser("calibrate", help="fit Platt/temperature calibration on labeled training data")
     calibrate.add_argument("data", nargs="+", help="datasets or JSONL files (their train split is used)")
@@ -201,12 +207,14 @@ def evaluate_command(args: argparse.Namespace) -> int:
         backend = HttpBackend(args.url, args.api_key)
         methods = args.methods or ["raw", "contextual"]
     else:
+        from typedlm.calibration import CalibrationFile
         from typedlm.decider import Decider
 
-        backend = LocalBackend(
-            Decider.load(args.model, args.device, args.dtype, calibration_file=args.calibration_file)
-        )
-        methods = args.methods or ["raw", "contextual", *(["fitted"] if args.calibration_file else [])]
+        files = {f"fitted ({Path(path).stem})": CalibrationFile.load(path) for path in args.calibration_file}
+        if len(files) == 1:
+            files = {f"fitted ({file.base})": file for file in files.values()}
+        backend = LocalBackend(Decider.load(args.model, args.device, args.dtype), files)
+        methods = [m for m in (args.methods or ["raw", "contextual"]) if m != "fitted"]
     rows = evaluate(backend, examples, methods, args.order_reads, _progress(f"eval {args.data}"))
     print(format_table({f"{args.data} · {row}": summary for row, summary in rows.items()}))
     if args.out:
@@ -222,7 +230,7 @@ def evaluate_command(args: argparse.Namespace) -> int:
         }
         out.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
         for row, summary in rows.items():
-            slug = row.replace(", ", "-").replace(" ", "")
+            slug = re.sub(r"[^A-Za-z0-9]+", "-", row).strip("-")
             reliability_plot(summary, out.with_name(f"{out.stem}-{slug}.png"), title=f"{args.data} · {row}")
         print(f"wrote {out} and its reliability diagrams", file=sys.stderr)
     return 0

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from typedlm.answers import Answer, ChoiceAnswer, NoulAnswer, Response, ScoreAnswer, Usage
-from typedlm.calibration import DEFAULT_CALIBRATION, CalibrationFile, calibrate_read, combine
+from typedlm.calibration import DEFAULT_CALIBRATION, CalibrationFile, calibrate_read, combine, signature
 from typedlm.confidence import choice_confidence, score_confidence
 from typedlm.engine import Engine
 from typedlm.errors import InvalidRequest, LimitExceeded
@@ -244,10 +244,15 @@ class Decider:
                     self._priors.popitem(last=False)
         return [self._priors[key] for key in keys]
 
-    def answer(self, question: Question, reads: Reads, method: str) -> Answer:
-        """One question's answer from its reads: each read calibrated by `method`, then averaged."""
+    def answer(self, question: Question, reads: Reads, method: str, fitted: CalibrationFile | None = None) -> Answer:
+        """One question's answer from its reads: each read calibrated by `method`, then averaged.
+
+        `fitted` stands in for the decider's calibration file under the fitted method.
+        """
+        fitted = fitted or self.calibration_file
+        key = signature(question) if method == "fitted" and fitted is not None and fitted.questions else None
         each = [
-            calibrate_read(reads.kind, m, method, reads.priors[i] if reads.priors else None, self.calibration_file)
+            calibrate_read(reads.kind, m, method, reads.priors[i] if reads.priors else None, fitted, key)
             for i, m in enumerate(reads.masses)
         ]
         probs, stderr, agreement = combine(each)

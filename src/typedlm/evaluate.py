@@ -14,7 +14,15 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from typedlm.calibration import CalibrationFile, calibrate_read, fit_platt, fit_temperature
+from typedlm.calibration import (
+    MIN_QUESTION_EXAMPLES,
+    CalibrationFile,
+    calibrate_read,
+    fit_platt,
+    fit_scaling,
+    fit_temperature,
+    signature,
+)
 from typedlm.errors import InvalidRequest, TypedLMError
 from typedlm.evaldata import DATASETS, Example, read_jsonl, sample, split
 from typedlm.metrics import Prediction, summarize
@@ -62,17 +70,29 @@ def probabilities(question: Question, answer: Mapping[str, Any]) -> tuple[float,
 
 
 class LocalBackend:
-    """A decider in this process: one forward per example and order-read count, every method from it."""
+    """A decider in this process: one forward per example and order-read count, every method from it.
 
-    def __init__(self, decider):
+    `fitted` files (row label → CalibrationFile, each checked against the model) add one row each, so that
+    files fitted on different bases compare on the same reads.
+    """
+
+    def __init__(self, decider, fitted: Mapping[str, CalibrationFile] | None = None):
         self.decider = decider
         self.name = decider.name
+        self.fitted = dict(fitted or {})
+        for file in self.fitted.values():
+            file.check(decider.fingerprint, PROMPT_VERSION)
 
     def answers(self, example: Example, methods: Sequence[str], order_reads: int) -> dict[str, WireAnswers]:
         questions = parse_questions(example.questions)
         contextual = any(self.decider.needs_prior(m) for m in methods)
+        contextual |= any(file.base == "contextual" for file in self.fitted.values())
         reads, _ = self.decider.read(parse_state(example.state), questions, order_reads, contextual)
-        return {m: {q: self.decider.answer(questions[q], reads[q], m).to_wire() for q in questions} for m in methods}
+        answer = self.decider.answer
+        rows = {m: {q: answer(questions[q], reads[q], m).to_wire() for q in questions} for m in methods}
+        for label, file in self.fitted.items():
+            rows[label] = {q: answer(questions[q], reads[q], "fitted", file).to_wire() for q in questions}
+        return rows
 
 
 class HttpBackend:
@@ -129,31 +149,48 @@ def fit_calibrations(
     data: Mapping[str, Any] | None = None,
     progress=None,
 ) -> dict[str, CalibrationFile]:
-    """Fit Platt scaling (noul) and a temperature (choice, score) on `examples`, over each base method.
+    """Fit calibration files on `examples`, one per base method, from one forward per example.
 
-    One forward per example serves every base (the content-free priors are read once per question).
+    Per question type: Platt scaling (noul) or a temperature (choice, score). Per question asked at least
+    `MIN_QUESTION_EXAMPLES` times: Platt scaling, or a temperature and a bias per option.
     """
     progress = progress or (lambda it: it)
-    probs = {base: {"noul": [], "choice": [], "score": []} for base in bases}
-    golds: dict[str, list[int]] = {"noul": [], "choice": [], "score": []}
+    # one row per answer: (kind, question signature, probabilities under each base, gold class)
+    rows: list[tuple[str, str, dict[str, Any], int]] = []
     for example in progress(list(examples)):
         questions = parse_questions(example.questions)
         reads, _ = decider.read(parse_state(example.state), questions, 1, contextual="contextual" in bases)
         for qid, question in questions.items():
             r = reads[qid]
-            for base in bases:  # noul reads come as (yes, no), the order Platt scaling takes
-                probs[base][r.kind].append(calibrate_read(r.kind, r.masses[0], base, r.priors[0] if r.priors else None))
-            golds[r.kind].append(gold_index(question, example.gold[qid]))
-    counts = {kind: len(golds[kind]) for kind in golds if golds[kind]}
+            prior = r.priors[0] if r.priors else None
+            by_base = {base: calibrate_read(r.kind, r.masses[0], base, prior) for base in bases}
+            rows.append((r.kind, signature(question), by_base, gold_index(question, example.gold[qid])))
     files = {}
     for base in bases:
-        params: dict[str, dict[str, float]] = {}
-        if golds["noul"]:
-            a, b = fit_platt(probs[base]["noul"], [g == 1 for g in golds["noul"]])
-            params["noul"] = {"a": a, "b": b}
-        for kind in ("choice", "score"):
-            if golds[kind]:
-                params[kind] = {"temperature": fit_temperature(probs[base][kind], golds[kind])}
-        data_info = {**(data or {}), "questions": counts}
-        files[base] = CalibrationFile(decider.name, decider.fingerprint, PROMPT_VERSION, base, params, data_info)
+        params = {}
+        for kind in ("noul", "choice", "score"):
+            mine = [(row[2][base], row[3]) for row in rows if row[0] == kind]
+            if mine:
+                params[kind] = _fit(kind, *zip(*mine, strict=True), per_question=False)
+        per_question = {}
+        for key in dict.fromkeys(row[1] for row in rows):
+            mine = [row for row in rows if row[1] == key]
+            if len(mine) >= MIN_QUESTION_EXAMPLES:
+                fit = _fit(mine[0][0], [row[2][base] for row in mine], [row[3] for row in mine], per_question=True)
+                per_question[key] = {"kind": mine[0][0], "n": len(mine), **fit}
+        counts = {kind: sum(row[0] == kind for row in rows) for kind in ("noul", "choice", "score")}
+        info = {**(data or {}), "answers": {k: n for k, n in counts.items() if n}}
+        files[base] = CalibrationFile(
+            decider.name, decider.fingerprint, PROMPT_VERSION, base, params, info, per_question
+        )
     return files
+
+
+def _fit(kind: str, probs: Sequence, gold: Sequence[int], per_question: bool) -> dict[str, Any]:
+    if kind == "noul":
+        a, b = fit_platt(probs, [g == 1 for g in gold])
+        return {"a": a, "b": b}
+    if per_question:
+        temperature, bias = fit_scaling(probs, gold)
+        return {"temperature": temperature, "bias": bias}
+    return {"temperature": fit_temperature(probs, gold)}

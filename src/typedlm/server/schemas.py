@@ -44,6 +44,12 @@ class SystemOneRequest(BaseModel):
     model: str = Field(..., description="The served model's name, or the alias jev-latest.", examples=["jev-latest"])
     state: JSONText = Field(..., description="The document every question refers to.")
     questions: dict[str, NoulQuestion | ChoiceQuestion | ScoreQuestion] = Field(..., description="Named questions.")
+    x_calibration: Literal["raw", "contextual", "fitted"] | None = Field(
+        None, description="Calibration method for this request (default: the server's)."
+    )
+    x_order_reads: int | None = Field(
+        None, ge=1, le=8, description="Option orders read per choice/score question and averaged (default: 1)."
+    )
 
 
 class NoulAnswer(BaseModel):
