@@ -122,3 +122,11 @@ def test_a_files_own_question_parameters_win_over_its_types():
         [0.5, 0.5]
     )
     assert signature(known) != signature(unknown) and len(signature(known)) == 16
+
+
+def test_platt_never_reverses_the_models_evidence():
+    # gold is the opposite of what the model says: the best monotone fit is a flat prior, not a flip
+    probs = [np.array([0.9, 0.1]), np.array([0.2, 0.8])] * 50
+    gold = [False, True] * 50
+    a, b = fit_platt(probs, gold)
+    assert a == pytest.approx(0.0, abs=1e-6) and 1 / (1 + math.exp(-b)) == pytest.approx(0.5, abs=1e-3)

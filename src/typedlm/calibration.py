@@ -223,7 +223,11 @@ def fit_scaling(probs: Sequence[np.ndarray], gold: Sequence[int]) -> tuple[float
 
 
 def fit_platt(probs: Sequence[np.ndarray], gold_yes: Sequence[bool]) -> tuple[float, float]:
-    """(a, b) minimising the NLL of σ(a·z + b), z = log(p_yes/p_no): logistic regression on one feature."""
+    """(a, b) minimising the NLL of σ(a·z + b), z = log(p_yes/p_no): logistic regression on one feature.
+
+    a is kept ≥ 0: calibration may flatten the model's evidence but never reverse it (data that mixes
+    questions with opposite biases can otherwise fit a negative slope that would flip every answer).
+    """
     from scipy.optimize import minimize
 
     z = np.array([math.log(max(p[0], FLOOR)) - math.log(max(p[1], FLOOR)) for p in probs])
@@ -233,5 +237,5 @@ def fit_platt(probs: Sequence[np.ndarray], gold_yes: Sequence[bool]) -> tuple[fl
         s = ab[0] * z + ab[1]
         return float(np.mean(np.logaddexp(0, -s) * y + np.logaddexp(0, s) * (1 - y)))
 
-    result = minimize(loss, np.array([1.0, 0.0]), method="L-BFGS-B")
+    result = minimize(loss, np.array([1.0, 0.0]), method="L-BFGS-B", bounds=[(0.0, 100.0), (-50.0, 50.0)])
     return float(result.x[0]), float(result.x[1])
