@@ -244,8 +244,8 @@ def main() -> None:
         loaded = random_qwen3_06b(tokenizer_dir, args.device, dtype)
     else:
         loaded = load_model(args.model, args.device, dtype)
-    decider = Decider(loaded, prefix_cache_bytes=0)
-    cached = Decider(loaded, prefix_cache_bytes=4 << 30)
+    decider = Decider(loaded, prefix_cache_bytes=0, calibration="raw")
+    cached = Decider(loaded, prefix_cache_bytes=4 << 30, calibration="raw")
     strategies: dict[str, Callable] = {
         "per_question": per_question,
         "serial": serial,
@@ -254,7 +254,7 @@ def main() -> None:
         "generate": generate,
     }
     if args.device.startswith("cuda"):  # the same one-forward readout without CUDA graphs, side by side
-        eager = Decider(loaded, prefix_cache_bytes=0, cuda_graphs=False)
+        eager = Decider(loaded, prefix_cache_bytes=0, cuda_graphs=False, calibration="raw")
         strategies["typedlm_eager"] = lambda _d, state, qs: typedlm(eager, state, qs)
     peers_wanted = args.strategies is None or not set(args.strategies) <= set(strategies)
     if peers_wanted and args.model is None:

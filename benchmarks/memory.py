@@ -41,7 +41,7 @@ def main() -> None:
         loaded = load_model(args.model, args.device, args.dtype)
     weights = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
-    decider = Decider(loaded, prefix_cache_bytes=0, cuda_graphs=None if args.cuda_graphs else False)
+    decider = Decider(loaded, prefix_cache_bytes=0, cuda_graphs=None if args.cuda_graphs else False, calibration="raw")
     state, questions = make_state(decider, args.prefix_tokens), make_questions(args.questions)
     for variant in range(4):  # different documents of the same size: the same graph, replayed
         decider.decide(make_state(decider, args.prefix_tokens, variant), questions)

@@ -77,7 +77,8 @@ def main() -> None:
     else:
         loaded = load_model(args.model, args.device, dtype)
     sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
-    fresh, cached = Decider(loaded, prefix_cache_bytes=0), Decider(loaded)
+    fresh = Decider(loaded, prefix_cache_bytes=0, calibration="raw")
+    cached = Decider(loaded, calibration="raw")
     state, questions = make_state(fresh, args.prefix_tokens), make_questions(args.questions)
     rows = []
     for name, decider in (("new document", fresh), ("cached document", cached)):

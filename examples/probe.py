@@ -50,7 +50,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None)
     args = parser.parse_args()
-    decider = Decider.load(args.model)
+    decider = Decider.load(args.model, calibration="raw")  # the raw readout (README table)
     right = 0
     for state, question, expected in PROBES:
         answer = decider.decide(state or "(no document)", {"q": question}).answers["q"]

@@ -1,6 +1,6 @@
 """Markdown tables for docs/calibration.md from `typedlm eval --out` reports: one table per held-out set.
 
-    python scripts/calibration_table.py docs/results/eval-*.json
+python scripts/calibration_table.py docs/results/eval-*.json
 """
 
 from __future__ import annotations

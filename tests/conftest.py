@@ -68,12 +68,12 @@ def tiny_model(family: str, vocab_size: int, seed: int = 0) -> torch.nn.Module:
 @pytest.fixture(scope="session", params=FAMILIES)
 def tiny_decider(request, tokenizer):
     model = tiny_model(request.param, len(tokenizer))
-    return Decider(LoadedModel(model, tokenizer, f"tiny-{request.param}"))
+    return Decider(LoadedModel(model, tokenizer, f"tiny-{request.param}"), calibration="raw")
 
 
 @pytest.fixture(scope="session")
 def real_decider():
-    return Decider(load_model(None, "cpu", "float32"))
+    return Decider(load_model(None, "cpu", "float32"), calibration="raw")
 
 
 @torch.inference_mode()

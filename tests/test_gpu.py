@@ -38,7 +38,7 @@ def test_cuda_kernels_with_lse_match_the_plain_computation(dtype, causal):
 @pytest.mark.parametrize("family", ["qwen3", "gemma3"])
 def test_packed_readout_on_cuda_equals_full_forward_in_float32(family, tokenizer):
     model = tiny_model(family, len(tokenizer)).cuda()
-    decider = Decider(LoadedModel(model, tokenizer, "tiny"))
+    decider = Decider(LoadedModel(model, tokenizer, "tiny"), calibration="raw")
     state = "The customer was charged twice and wants the second payment back."
     response = decider.decide(state, QUESTIONS)
     for qid, question in QUESTIONS.items():
@@ -57,10 +57,10 @@ def test_packed_readout_on_cuda_equals_full_forward_in_float32(family, tokenizer
 def test_bfloat16_cascade_agrees_with_masked_attention(tokenizer):
     model = tiny_model("qwen3", len(tokenizer)).cuda().to(torch.bfloat16)
     state = "The parcel is late and the customer is upset."
-    masked = Decider(LoadedModel(model, tokenizer, "tiny"))
+    masked = Decider(LoadedModel(model, tokenizer, "tiny"), calibration="raw")
     masked.engine = Engine(model, cascade=False)  # the same model, one masked attention per layer
     masked_answers = masked.decide(state, QUESTIONS).answers
-    cascade_answers = Decider(LoadedModel(model, tokenizer, "tiny")).decide(state, QUESTIONS).answers
+    cascade_answers = Decider(LoadedModel(model, tokenizer, "tiny"), calibration="raw").decide(state, QUESTIONS).answers
     assert abs(masked_answers["n"].p_yes - cascade_answers["n"].p_yes) < 0.05
     assert list(masked_answers["s"].probabilities) == pytest.approx(list(cascade_answers["s"].probabilities), abs=0.05)
 
@@ -68,8 +68,8 @@ def test_bfloat16_cascade_agrees_with_masked_attention(tokenizer):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cuda_graphs_equal_the_eager_forward(dtype, tokenizer):
     model = tiny_model("qwen3", len(tokenizer)).cuda().to(dtype)
-    graphs = Decider(LoadedModel(model, tokenizer, "tiny"), prefix_cache_bytes=0)
-    eager = Decider(LoadedModel(model, tokenizer, "tiny"), prefix_cache_bytes=0, cuda_graphs=False)
+    graphs = Decider(LoadedModel(model, tokenizer, "tiny"), prefix_cache_bytes=0, calibration="raw")
+    eager = Decider(LoadedModel(model, tokenizer, "tiny"), prefix_cache_bytes=0, cuda_graphs=False, calibration="raw")
     assert graphs.engine.runner is not None and graphs.engine.runner.capture and eager.engine.runner is None
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     states = ["The parcel is late and the customer is upset.", "A short one.", "The parcel is late, again and again."]
@@ -83,8 +83,8 @@ def test_cuda_graphs_equal_the_eager_forward(dtype, tokenizer):
 
 def test_cuda_graphs_with_the_prefix_cache(tokenizer):
     model = tiny_model("qwen3", len(tokenizer)).cuda()
-    cached = Decider(LoadedModel(model, tokenizer, "tiny"))
-    eager = Decider(LoadedModel(model, tokenizer, "tiny"), prefix_cache_bytes=0, cuda_graphs=False)
+    cached = Decider(LoadedModel(model, tokenizer, "tiny"), calibration="raw")
+    eager = Decider(LoadedModel(model, tokenizer, "tiny"), prefix_cache_bytes=0, cuda_graphs=False, calibration="raw")
     state = {"turns": ["hello", "my order is late"]}
     for _ in range(3):
         got, want = cached.decide(state, QUESTIONS).answers, eager.decide(state, QUESTIONS).answers

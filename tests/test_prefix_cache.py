@@ -66,8 +66,8 @@ def _probabilities(response) -> list[float]:
 
 def test_answers_are_the_same_with_and_without_the_cache(tokenizer):
     model = tiny_model("qwen3", len(tokenizer), seed=3)
-    cached = Decider(LoadedModel(model, tokenizer, "tiny"))
-    uncached = Decider(LoadedModel(model, tokenizer, "tiny"), prefix_cache_bytes=0)
+    cached = Decider(LoadedModel(model, tokenizer, "tiny"), calibration="raw")
+    uncached = Decider(LoadedModel(model, tokenizer, "tiny"), prefix_cache_bytes=0, calibration="raw")
     turn1 = "Customer: my parcel is late."
     turn2 = turn1 + "\nAgent: sorry, let me check.\nCustomer: it was due on Monday and I need it now."
 

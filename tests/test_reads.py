@@ -21,7 +21,7 @@ QUESTIONS = {"late": NoulQuestion("Is it late?"), "topic": TOPIC, "urgency": URG
 
 @pytest.fixture(scope="module")
 def decider(tokenizer):
-    return Decider(LoadedModel(tiny_model("qwen3", len(tokenizer), seed=5), tokenizer, "tiny-qwen3"))
+    return Decider(LoadedModel(tiny_model("qwen3", len(tokenizer), seed=5), tokenizer, "tiny-qwen3"), calibration="raw")
 
 
 def test_rotations_cover_every_option_in_every_position():

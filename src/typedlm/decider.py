@@ -129,8 +129,7 @@ class Decider:
         self.order_reads = order_reads
         # The content-free document's prefix, prefilled once and pinned (contextual calibration).
         free = self.layout.tokenize(CONTENT_FREE_STATE, [NoulQuestion()]).prefix_ids
-        base = self.prefix_cache.lookup(free)
-        cache, length = self.engine.prefill(free[base.length :], base)
+        cache, length = self.engine.prefill(free)
         self.prefix_cache.pin(free, Engine.snapshot(cache, length))
         self._priors: OrderedDict[tuple[int, ...], list[float]] = OrderedDict()
 
