@@ -110,9 +110,17 @@ def attend_with_lse(
 
     Returns out [B, H, L, D] and lse [B, H, L] (float32).
     """
-    if mask is None and q.device.type == "cpu":
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, scale=scale)
-        return out, lse.float()
+    if q.device.type == "cpu":
+        # the CPU flash kernel takes an additive mask of the query's dtype; blockwise, so a long question's
+        # own part (one segment of thousands of rows) never materialises its [L, K] scores
+        bias = None if mask is None else torch.zeros(mask.shape, dtype=q.dtype).masked_fill(~mask, float("-inf"))
+        try:
+            out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                q, k, v, 0.0, causal, attn_mask=bias, scale=scale
+            )
+            return out, lse.float()
+        except (RuntimeError, TypeError):  # an older kernel without masks: the plain computation below
+            pass
     if mask is None and q.device.type == "cuda":
         try:
             if q.dtype in (torch.float16, torch.bfloat16):
