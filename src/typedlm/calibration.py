@@ -37,7 +37,7 @@ from typedlm.errors import ModelError
 from typedlm.prompt import question_block
 from typedlm.questions import Question
 
-DEFAULT_CALIBRATION = "contextual"  # without a file; better than raw on every held-out set (docs/calibration.md)
+DEFAULT_CALIBRATION = "contextual"  # without a file: as good as raw or better on every held-out set (docs)
 FORMAT = "typedlm-calibration/1"
 FLOOR = 1e-12  # probabilities are clipped here before logarithms
 MIN_QUESTION_EXAMPLES = 30  # training answers a question needs for parameters of its own
