@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from typedlm.confidence import normalise
 from typedlm.errors import ModelError
 from typedlm.prompt import question_block
 from typedlm.questions import Question
@@ -50,10 +51,8 @@ def signature(question: Question) -> str:
 
 
 def normalised(masses: Sequence[float]) -> np.ndarray:
-    """Masses divided by their total; a zero total reads as uniform."""
-    m = np.asarray(masses, dtype=np.float64)
-    total = m.sum()
-    return m / total if total > 0 else np.full(len(m), 1 / len(m))
+    """Masses divided by their total (a zero total reads as uniform), as an array: `confidence.normalise`."""
+    return np.asarray(normalise(masses)[0], dtype=np.float64)
 
 
 def contextual(masses: Sequence[float], prior: Sequence[float]) -> np.ndarray:

@@ -25,7 +25,7 @@ from typing import Any
 
 from typedlm.answers import Answer, ChoiceAnswer, NoulAnswer, Response, ScoreAnswer, Usage
 from typedlm.calibration import DEFAULT_CALIBRATION, CalibrationFile, calibrate_read, combine, signature
-from typedlm.confidence import choice_confidence, score_confidence
+from typedlm.confidence import choice_confidence, normalise, score_confidence
 from typedlm.engine import Engine
 from typedlm.errors import InvalidRequest, LimitExceeded
 from typedlm.labels import Labeler, LabelSet
@@ -256,7 +256,7 @@ class Decider:
         ]
         probs, stderr, agreement = combine(each)
         probs = [float(p) for p in probs]
-        raw_mass = sum(min(1.0, float(sum(m))) for m in reads.masses) / len(reads.masses)
+        raw_mass = sum(normalise(m)[1] for m in reads.masses) / len(reads.masses)
         extras = {"stderr": stderr, "agreement": agreement, "reads": len(each)} if len(each) > 1 else {}
         if isinstance(question, NoulQuestion):
             return NoulAnswer(probs[0], raw_mass, extras)

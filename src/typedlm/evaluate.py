@@ -113,8 +113,9 @@ class HttpBackend:
             response = self.client.post("/v1/systemone", json=body)
             if response.status_code != 200:
                 raise TypedLMError(f"{self.name} answered {response.status_code} for {example.id}: {response.text}")
-            out[method] = response.json()["answers"]
-            self.name = response.json().get("model", self.name)
+            reply = response.json()
+            out[method] = reply["answers"]
+            self.name = reply.get("model", self.name)
         return out
 
 
