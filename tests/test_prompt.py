@@ -123,3 +123,28 @@ def test_suffixes_equal_the_whole_prompts_tokenized_alone(layout, state):
     for question, suffix in zip(questions, prompt.suffix_ids, strict=True):
         whole = layout.encode(layout.prefix_text(state) + layout.suffix_text(question))
         assert prompt.prefix_ids + suffix == whole
+
+
+def test_remembered_documents_and_suffixes_equal_fresh_tokenizations(tokenizer, monkeypatch):
+    # Documents that differ only next to the cut, each asked twice (the second time from memory), in turn.
+    monkeypatch.setattr("typedlm.prompt.DOCUMENT_CACHE_ENTRIES", 3)
+    layout = ChatLayout(tokenizer)
+    states = ["ends with a", "ends with a.", "ends with >", "ends with a\n</document", "ends with\n\n", "x" * 300]
+    for state in states * 2:
+        tokenized = layout.tokenize(state, QUESTIONS)
+        for question, suffix in zip(QUESTIONS, tokenized.suffix_ids, strict=True):
+            whole = layout.encode(layout.prefix_text(state) + layout.suffix_text(question))
+            assert tokenized.prefix_ids + suffix == whole
+        assert layout._documents[layout.prefix_text(state)].tail is not None  # the cut held
+    assert len(layout._documents) == 3  # the least recently used documents were forgotten
+    assert len(layout._tail_cache) == len(QUESTIONS)  # the text after the cut is the same for every document
+
+
+def test_a_cut_that_fails_its_check_tokenizes_every_prompt_whole(tokenizer, monkeypatch):
+    layout = ChatLayout(tokenizer)
+    monkeypatch.setattr(layout, "_tails", lambda texts: [(0,)] * len(texts))  # ids that never match
+    tokenized = layout.tokenize("plain text", QUESTIONS)
+    assert layout._documents[layout.prefix_text("plain text")].tail is None
+    for question, suffix in zip(QUESTIONS, tokenized.suffix_ids, strict=True):
+        whole = layout.encode(layout.prefix_text("plain text") + layout.suffix_text(question))
+        assert tokenized.prefix_ids + suffix == whole

@@ -8,14 +8,21 @@ Layout, rendered with the model's own chat template (thinking off for Qwen3-styl
 The template is rendered once with sentinels in place of the state and the question, and cut there,
 so any template works. Token boundaries are the trap: BPE may merge characters across the cut (Qwen's
 pre-tokenizer glues ">" to the newlines after it). So the split is made on token ids, not text:
-every question's prefix+suffix text is tokenized whole, and the shared prefix is the longest common
-prefix of those id lists and of the prefix alone. Feeding prefix + suffix is then, by construction,
-exactly the ids of the whole prompt.
+the shared prefix is the longest common prefix of every question's whole-prompt ids and of the
+prefix's own ids, and feeding prefix + suffix is exactly the ids of the whole prompt.
+
+Tokenizing each whole prompt would cost Q tokenizations of the document. Instead a document's prompts
+are cut at a token boundary inside the document close (`ChatLayout._cut`): the ids before it are the
+document's own, and the text after it (a piece of the close, then the question) is the same for every
+document, so its ids are remembered per question. The cut is checked once per document against the
+first question's whole prompt tokenized in full; documents are remembered (by their exact text) with
+their ids and checked cut, so a repeated document is not tokenized again.
 """
 
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -33,7 +40,8 @@ SYSTEM_PROMPT = (
 DOCUMENT_OPEN = "<document>\n"
 DOCUMENT_CLOSE = "\n</document>"
 QUESTION_LEAD = "\n\n"
-TAIL_TOKENS = 48  # prefix tokens re-tokenized with each suffix (the rest is tokenized once)
+DOCUMENT_CACHE_ENTRIES = 64  # documents whose prefix ids and checked cut are remembered
+TAIL_CACHE_ENTRIES = 8192  # suffixes whose ids after the document close are remembered
 WORD_JOINER = "\u2060"  # invisible; breaks a control-token string in user text into plain text
 _STATE = "\x00typedlm-state\x00"
 _QUESTION = "\x00typedlm-question\x00"
@@ -96,6 +104,18 @@ def common_prefix_length(first: Sequence[int], *others: Sequence[int]) -> int:
 
 
 @dataclass(frozen=True)
+class _Cut:
+    """A document's prefix ids split where its prompts are cut: `head_ids` + `tail_ids` == ids of the prefix.
+
+    `tail` is the prefix's text from the cut on (a piece of the document close), None where no cut holds.
+    """
+
+    head_ids: tuple[int, ...]
+    tail_ids: tuple[int, ...]
+    tail: str | None
+
+
+@dataclass(frozen=True)
 class TokenizedPrompt:
     """A request's prompt as token ids: one shared prefix, one suffix per question."""
 
@@ -125,6 +145,8 @@ class ChatLayout:
         self.head = head  # everything up to the state: system turn, user turn opening, <document>
         self.document_close, self.answer_opening = rest.split(_QUESTION)
         self.system_ids = self.encode(head)
+        self._documents: OrderedDict[str, _Cut] = OrderedDict()  # prefix text -> its checked cut
+        self._tail_cache: OrderedDict[str, tuple[int, ...]] = OrderedDict()  # close piece + suffix -> ids
         # Strings the tokenizer turns into control tokens (<|im_end|>, <|im_start|>, ...). In user text
         # they would let a document close its own turn and answer for the model, so they are defused.
         added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
@@ -151,31 +173,54 @@ class ChatLayout:
         """Token ids of the shared prefix and of each question's suffix; prefix + suffix == ids of the whole."""
         prefix = self.prefix_text(state)
         suffixes = [self.suffix_text(question) for question in questions]
-        whole, alone = self._tokenize_whole(prefix, suffixes)
-        n = common_prefix_length(alone, *whole)
-        prompt = TokenizedPrompt(alone[:n], [ids[n:] for ids in whole])
-        for ids, suffix in zip(whole, prompt.suffix_ids):
-            assert suffix and prompt.prefix_ids + suffix == ids, "prefix + suffix must be the whole prompt's ids"
+        cut = self._documents.get(prefix)
+        if cut is None:
+            cut = self._documents[prefix] = self._cut(prefix, suffixes[0])
+        _touch(self._documents, [prefix], DOCUMENT_CACHE_ENTRIES)
+        if cut.tail is None:  # no cut holds for this document: every whole prompt tokenized whole
+            tails = self._encode_batch([prefix + suffix for suffix in suffixes])
+        else:
+            tails = self._tails([cut.tail + suffix for suffix in suffixes])
+        n = common_prefix_length(cut.tail_ids, *tails)
+        prompt = TokenizedPrompt([*cut.head_ids, *cut.tail_ids[:n]], [list(ids[n:]) for ids in tails])
+        assert all(prompt.suffix_ids), "every question has at least one token of its own"
         return prompt
 
-    def _tokenize_whole(self, prefix: str, suffixes: list[str]) -> tuple[list[list[int]], list[int]]:
-        """The ids of every `prefix + suffix`, and of `prefix` alone, tokenizing the long prefix only twice.
+    def _encode_batch(self, texts: list[str]) -> list[tuple[int, ...]]:
+        return [tuple(ids) for ids in self._tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
-        Tokenizing each whole prompt would cost Q tokenizations of the document. Tokenizers split text into
-        short pieces before merging (whitespace, punctuation), so a document cut at a token boundary
-        `TAIL_TOKENS` tokens before its end tokenizes the same whatever follows: the head is tokenized once
-        and only the tail is tokenized with each suffix. The first question's whole prompt is tokenized in
-        full as a check; a tokenizer for which the cut does not hold gets every prompt tokenized whole.
+    def _cut(self, prefix: str, first_suffix: str) -> _Cut:
+        """Where to cut this document's prompts: at the first token of `prefix` that starts in the document close.
+
+        Tokenizers split text into short pieces before merging (whitespace, punctuation), so the ids before a
+        token boundary of the prefix stay the same whatever follows it. The text after the cut is then a
+        piece of the fixed document close, the same for every document, and its tokenization with each
+        suffix is cached (`_tails`). The cut is checked once per document, on the first question's whole
+        prompt tokenized in full; a tokenizer for which it does not hold gets every prompt tokenized whole.
         """
         encoded = self._tokenizer(prefix, add_special_tokens=False, return_offsets_mapping=True)
-        alone = list(encoded["input_ids"])
-        cut = len(alone) - TAIL_TOKENS
-        offsets = encoded.get("offset_mapping")
-        if cut > 0 and offsets:
-            start = offsets[cut][0]
-            tails = self._tokenizer([prefix[start:] + s for s in suffixes], add_special_tokens=False)["input_ids"]
-            whole = [alone[:cut] + list(ids) for ids in tails]
-            if whole[0] == self.encode(prefix + suffixes[0]):
-                return whole, alone
-        texts = [prefix + suffix for suffix in suffixes]
-        return [list(ids) for ids in self._tokenizer(texts, add_special_tokens=False)["input_ids"]], alone
+        alone, offsets = tuple(encoded["input_ids"]), encoded.get("offset_mapping")
+        close, k = len(prefix) - len(self.document_close), len(offsets or ())
+        while k and offsets[k - 1][0] >= close:
+            k -= 1
+        if offsets and k < len(alone):
+            tail = prefix[offsets[k][0] :]
+            if alone[:k] + self._tails([tail + first_suffix])[0] == tuple(self.encode(prefix + first_suffix)):
+                return _Cut(alone[:k], alone[k:], tail)
+        return _Cut((), alone, None)
+
+    def _tails(self, texts: list[str]) -> list[tuple[int, ...]]:
+        """The ids of each text (a piece of the document close + a suffix), remembered per text."""
+        missing = [text for text in dict.fromkeys(texts) if text not in self._tail_cache]
+        self._tail_cache.update(zip(missing, self._encode_batch(missing) if missing else ()))
+        tails = [self._tail_cache[text] for text in texts]
+        _touch(self._tail_cache, texts, TAIL_CACHE_ENTRIES)
+        return tails
+
+
+def _touch(cache: OrderedDict, keys: Sequence, limit: int) -> None:
+    """Mark `keys` as just used, then drop the least recently used entries beyond `limit`."""
+    for key in keys:
+        cache.move_to_end(key)
+    while len(cache) > limit:
+        cache.popitem(last=False)
