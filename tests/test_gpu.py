@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from typedlm.attention import attend_with_lse
+from typedlm.attention import attend_with_lse, plain_attention
 from typedlm.confidence import normalise
 from typedlm.decider import Decider
 from typedlm.engine import Engine
+from typedlm.kernels import unfuse_rope
 from typedlm.models import LoadedModel
 from typedlm.questions import ChoiceQuestion, NoulQuestion, ScoreQuestion
 
@@ -24,13 +25,17 @@ QUESTIONS = {
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("causal", [False, True])
-def test_cuda_kernels_with_lse_match_the_plain_computation(dtype, causal):
+@pytest.mark.parametrize("kind", ["full", "causal", "masked"])
+def test_cuda_kernels_with_lse_match_the_plain_computation(dtype, kind):
     torch.manual_seed(0)
     q, k, v = (torch.randn(3, 8, 64, 128, device="cuda", dtype=dtype) for _ in range(3))
-    out, lse = attend_with_lse(q, k, v, 128**-0.5, causal=causal)
-    mask = torch.ones(64, 64, dtype=torch.bool, device="cuda").tril() if causal else None
-    ref_out, ref_lse = attend_with_lse(q, k, v, 128**-0.5, mask=mask)
+    mask = None
+    if kind == "masked":  # a label tree's shape: a causal chain, and rows that see only themselves past it
+        mask = torch.ones(64, 64, dtype=torch.bool, device="cuda").tril()
+        mask[40:, 40:] = torch.eye(24, dtype=torch.bool, device="cuda")
+        mask = mask[None, None].expand(3, 1, 64, 64)
+    out, lse = attend_with_lse(q, k, v, 128**-0.5, causal=kind == "causal", mask=mask)
+    ref_out, ref_lse = plain_attention(q, k, v, 128**-0.5, causal=kind == "causal", mask=mask)
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     assert (lse - ref_lse).abs().max() < tol * 10 and (out.float() - ref_out.float()).abs().max() < tol
 
@@ -91,3 +96,25 @@ def test_cuda_graphs_with_the_prefix_cache(tokenizer):
         assert abs(want["n"].p_yes - got["n"].p_yes) < 1e-5
         state = {"turns": [*state["turns"], "still waiting"]}
     assert cached.stats()["prefix_cache"]["hits"] + cached.stats()["prefix_cache"]["partial_hits"] >= 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_kernels_agree_with_the_models_own(dtype, tokenizer):
+    pytest.importorskip("liger_kernel")
+    model = tiny_model("qwen3", len(tokenizer)).cuda().to(dtype)
+    unfuse_rope(model)  # an earlier test's decider may have swapped the family's rotary
+    state = "The parcel is late and the customer is upset."
+    own = Decider(LoadedModel(model, tokenizer, "tiny"), fused_kernels=False, calibration="raw")
+    assert own.engine.fusion is None
+    want = own.decide(state, QUESTIONS).answers  # before fusing: the rotary swap is process-wide
+    try:
+        fused = Decider(LoadedModel(model, tokenizer, "tiny"), calibration="raw")
+        report = fused.engine.fusion
+        assert report is not None and report.norms > 0 and report.mlps > 0 and report.rope and not report.kept
+        got = fused.decide(state, QUESTIONS).answers
+    finally:
+        unfuse_rope(model)
+    tol = 1e-4 if dtype == torch.float32 else 3e-2
+    assert abs(want["n"].p_yes - got["n"].p_yes) < tol
+    assert list(want["s"].probabilities) == pytest.approx(list(got["s"].probabilities), abs=tol)
+    assert list(want["c"].probabilities.values()) == pytest.approx(list(got["c"].probabilities.values()), abs=tol)

@@ -66,7 +66,8 @@ class StaticPlan:
     - `cu_doc` [2] int32 = (0, t) real document rows; `cu_keys` [2] int32 = (0, p + t) keys every row may see;
       `cu_packed` [2] int32 = (0, packed rows);
     - `own_rows` [G, S]: the packed row of each segment slot; `own_mask` [G, S, S]: slot i may see slot j
-      (padding slots see themselves only); `row_slot` [N]: each packed row's flat slot g·S + s.
+      (padding slots see themselves only), `own_bias` [G, 1, S, S] the same as `additive` in the model's dtype;
+      `row_slot` [N]: each packed row's flat slot g·S + s.
     """
 
     kv: torch.Tensor
@@ -77,16 +78,16 @@ class StaticPlan:
     cu_packed: torch.Tensor
     own_rows: torch.Tensor
     own_mask: torch.Tensor
+    own_bias: torch.Tensor
     row_slot: torch.Tensor
 
 
-def _merge(
-    out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _merge(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor) -> torch.Tensor:
     """Attention over the union of two disjoint key sets, from each set's output and log-sum-exp."""
-    # out: [..., L, D] float32, lse: [..., L]
-    total = torch.logaddexp(lse_a, lse_b)
-    return out_a * torch.exp(lse_a - total)[..., None] + out_b * torch.exp(lse_b - total)[..., None], total
+    # out: [..., L, D], lse: [..., L] float32. Set a's share of the softmax mass is
+    # e^lse_a / (e^lse_a + e^lse_b) = sigmoid(lse_a - lse_b): two kernels and a lerp, in the outputs' dtype
+    share_a = torch.sigmoid(lse_a - lse_b).to(out_a.dtype)[..., None]
+    return torch.lerp(out_b, out_a, share_a)
 
 
 def _expand_kv(kv: torch.Tensor, heads: int) -> torch.Tensor:
@@ -105,15 +106,18 @@ def attend_with_lse(
     scale: float,
     causal: bool = False,
     mask: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax attention and its log-sum-exp. q: [B, H, L, D], k/v: [B, H, K, D], mask: [B, 1|H, L, K] bool.
 
+    `bias`, if given, is `additive(mask, q.dtype)` made once by the caller (a forward's layers share it).
     Returns out [B, H, L, D] and lse [B, H, L] (float32).
     """
+    if mask is not None and bias is None:
+        bias = additive(mask, q.dtype)
     if q.device.type == "cpu":
         # the CPU flash kernel takes an additive mask of the query's dtype; blockwise, so a long question's
         # own part (one segment of thousands of rows) never materialises its [L, K] scores
-        bias = None if mask is None else torch.zeros(mask.shape, dtype=q.dtype).masked_fill(~mask, float("-inf"))
         try:
             out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
                 q, k, v, 0.0, causal, attn_mask=bias, scale=scale
@@ -121,19 +125,38 @@ def attend_with_lse(
             return out, lse.float()
         except (RuntimeError, TypeError):  # an older kernel without masks: the plain computation below
             pass
-    if mask is None and q.device.type == "cuda":
+    if q.device.type == "cuda":
         try:
-            if q.dtype in (torch.float16, torch.bfloat16):
+            if mask is None and q.dtype in (torch.float16, torch.bfloat16):
                 out, lse = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=scale)[
                     :2
                 ]
-            else:
+            else:  # the memory-efficient kernel takes an additive mask, broadcast over heads
+                if bias is not None:
+                    bias = bias.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
                 out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(
-                    q, k, v, None, True, 0.0, causal, scale=scale
+                    q, k, v, bias, True, 0.0, causal, scale=scale
                 )[:2]
             return out, lse[..., : q.shape[-2]].float()
         except RuntimeError:  # a shape or dtype these kernels do not take: the plain computation below
             pass
+    return plain_attention(q, k, v, scale, causal, mask)
+
+
+def additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean visibility mask as the additive one the fused kernels take: 0 where visible, -inf elsewhere."""
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, float("-inf"))
+
+
+def plain_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    causal: bool = False,
+    mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`attend_with_lse` computed in float32 without a fused kernel (the reference, and the fallback)."""
     scores = (q.float() @ k.float().transpose(-1, -2)) * scale  # [B, H, L, K]
     if causal:
         mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
@@ -196,11 +219,10 @@ def _static_cascade(module: torch.nn.Module, query, key, value, plan: StaticPlan
         g, s = plan.own_rows.shape
         own_q = qp[plan.own_rows].permute(0, 2, 1, 3)  # [G, H, S, D]
         own_k, own_v = (_expand_kv(x[tb:][plan.own_rows].permute(0, 2, 1, 3), heads) for x in (k, v))
-        out_o, lse_o = attend_with_lse(own_q, own_k, own_v, scale, mask=plan.own_mask[:, None])
+        out_o, lse_o = attend_with_lse(own_q, own_k, own_v, scale, mask=plan.own_mask[:, None], bias=plan.own_bias)
         out_o = out_o.permute(0, 2, 1, 3).reshape(g * s, heads, dim)[plan.row_slot]  # [N, H, D]
         lse_o = lse_o.permute(0, 2, 1).reshape(g * s, heads)[plan.row_slot]  # [N, H]
-        out, _ = _merge(out_s.float(), lse_s, out_o.float(), lse_o)
-        parts.append(out.to(query.dtype))
+        parts.append(_merge(out_s, lse_s, out_o.to(out_s.dtype), lse_o))
     return (parts[0] if len(parts) == 1 else torch.cat(parts))[None]
 
 
@@ -235,7 +257,7 @@ def cascade_attention(
         out = out.float()
         if p:
             out_p, lse_p = attend_with_lse(query[:, :, :t], key[:, :, :p], value[:, :, :p], scale)
-            out, lse = _merge(out, lse, out_p.float(), lse_p)
+            out = _merge(out, lse, out_p.float(), lse_p)
         parts.append(out[0])  # [H, T, D]
     if rows > t:  # packed rows: their own segment, then everything before the packed rows
         n, base = rows - t, p + t
@@ -250,7 +272,7 @@ def cascade_attention(
         lse[:, flat] = lse_o.transpose(0, 1)[:, plan.valid]
         if base:
             out_s, lse_s = attend_with_lse(query[:, :, t:], key[:, :, :base], value[:, :, :base], scale)
-            out, lse = _merge(out, lse, out_s[0].float(), lse_s[0])
+            out = _merge(out, lse, out_s[0].float(), lse_s[0])
         parts.append(out)  # [H, N, D]
     out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
     return out.to(query.dtype).transpose(0, 1)[None].contiguous(), None  # [1, rows, H, D]

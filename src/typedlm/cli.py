@@ -101,6 +101,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_false",
         help="on CUDA, run each forward eagerly instead of replaying captured graphs",
     )
+    serve.add_argument(
+        "--no-fused-kernels",
+        dest="fused_kernels",
+        action="store_false",
+        help="on CUDA, keep the model's own norms, MLPs and rotary instead of liger-kernel's fused ones",
+    )
     evaluate = commands.add_parser("eval", help="score labeled examples: accuracy, ECE, Brier, NLL, coverage")
     evaluate.add_argument("data", help=f"a dataset ({', '.join(DATASETS)}) or a JSONL file of examples")
     _add_eval_options(evaluate)
@@ -179,8 +185,13 @@ def serve(args: argparse.Namespace) -> int:
         args.max_input_tokens,
         prefix_cache_bytes=args.prefix_cache_mb << 20,
         cuda_graphs=None if args.cuda_graphs else False,
+        fused_kernels=None if args.fused_kernels else False,
         **_calibration_kwargs(args),
     )
+    if decider.engine.fusion is not None:
+        print(f"typedlm: {decider.engine.fusion}", file=sys.stderr)
+    elif args.device.startswith("cuda") and args.fused_kernels:
+        print("typedlm: fused kernels off (pip install 'typedlm[cuda]' for liger-kernel)", file=sys.stderr)
     auth = f"{len(settings.api_keys)} API key(s)" if settings.api_keys else "auth off"
     print(f"typedlm: serving {decider.name} on http://{args.host}:{args.port} ({auth})", file=sys.stderr, flush=True)
     uvicorn.run(create_app(decider, settings), host=args.host, port=args.port, timeout_graceful_shutdown=60)

@@ -105,11 +105,12 @@ class Decider:
         calibration: str = DEFAULT_CALIBRATION,
         calibration_file: CalibrationFile | None = None,
         order_reads: int = 1,
+        fused_kernels: bool | None = None,
     ):
         self.name = loaded.name
         self.fingerprint = model_fingerprint(loaded.model)
         self.tokenizer = loaded.tokenizer
-        self.engine = Engine(loaded.model, static=cuda_graphs)
+        self.engine = Engine(loaded.model, static=cuda_graphs, fused_kernels=fused_kernels)
         self.layout = ChatLayout(loaded.tokenizer)
         self.labeler = Labeler(loaded.tokenizer, self.layout.answer_opening)
         self.labeler.verify(MAX_OPTIONS, MAX_LEVELS)
@@ -145,16 +146,21 @@ class Decider:
         calibration: str = DEFAULT_CALIBRATION,
         calibration_file: str | None = None,
         order_reads: int = 1,
+        fused_kernels: bool | None = None,
     ) -> Decider:
         """Load a model (None: the embedded default) and prepare it; see `typedlm.models.load_model`.
 
-        `cuda_graphs` (default: on with CUDA) replays each request's forward as a CUDA graph (see `graphs`).
+        `cuda_graphs` (default: on with CUDA) replays each request's forward as a CUDA graph (see `graphs`);
+        `fused_kernels` (default: on with CUDA where liger-kernel is installed) fuses the layers' small
+        operations (see `kernels`).
         `calibration` is the default method (see `typedlm.calibration`), `calibration_file` a file fitted by
         `typedlm calibrate` for this model, `order_reads` the default number of option orders read.
         """
         fitted = CalibrationFile.load(calibration_file) if calibration_file else None
         loaded = load_model(model, device, dtype)
-        return cls(loaded, max_input_tokens, prefix_cache_bytes, cuda_graphs, calibration, fitted, order_reads)
+        return cls(
+            loaded, max_input_tokens, prefix_cache_bytes, cuda_graphs, calibration, fitted, order_reads, fused_kernels
+        )
 
     def _method(self, method: str, where: str = "x_calibration") -> str:
         if method not in CALIBRATION_METHODS:

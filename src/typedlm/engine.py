@@ -16,6 +16,7 @@ per request and never rewound, so no question can see another's tokens.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from typedlm.attention import IMPLEMENTATION as CASCADE
 from typedlm.attention import CascadePlan
 from typedlm.errors import ModelError
 from typedlm.graphs import StaticRunner
+from typedlm.kernels import FusionReport, fuse, liger_ops
 from typedlm.packing import PackedBatch, PackedItem, pack
 
 SUPPORTED_LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -52,9 +54,17 @@ class Engine:
     prefix and each question's own rows apart, merged exactly. Otherwise one masked attention per layer.
     With `static` (default: on CUDA, where the model allows one fused forward) `run` pads its forward to
     bucketed shapes and replays it as a CUDA graph; `static=True` on a CPU runs that path eagerly.
+    With `fused_kernels` (default: on CUDA, where liger-kernel is installed) the layers' norms, SwiGLU
+    products and rotary embeddings run as fused kernels, each checked against the model's own (see `kernels`).
     """
 
-    def __init__(self, model: torch.nn.Module, cascade: bool = True, static: bool | None = None):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        cascade: bool = True,
+        static: bool | None = None,
+        fused_kernels: bool | None = None,
+    ):
         self.model = model
         self.cascade = cascade and model.config._attn_implementation in ("sdpa", CASCADE)
         if self.cascade:
@@ -64,6 +74,10 @@ class Engine:
         if head is None:
             raise ModelError("the model has no LM head to read answers from")
         self.device = head.weight.device
+        self.fusion: FusionReport | None = None
+        ops = liger_ops() if fused_kernels is not False and self.device.type == "cuda" else None
+        if ops is not None:
+            self.fusion = fuse(model, ops)
         self.head_weight = head.weight.detach()  # [V, D], applied in float32 chunk by chunk (no fp32 copy kept)
         self.head_bias = None if head.bias is None else head.bias.detach().to(torch.float32)
         config = model.config.get_text_config()
@@ -229,10 +243,14 @@ class Engine:
 
     def _log_softmax_head(self, hidden: torch.Tensor) -> torch.Tensor:
         # hidden: [R, D] -> logits: [R, V], float32
-        hidden = hidden.to(torch.float32)
+        logits = None
         if self.head_weight.dtype == torch.float32:
-            logits = hidden @ self.head_weight.T
-        else:  # a float32 copy of a large head would cost more memory than the model (Qwen3: 622 MB)
+            logits = hidden.to(torch.float32) @ self.head_weight.T
+        elif hidden.is_cuda and hidden.dtype == self.head_weight.dtype:  # accumulated and written in float32
+            with contextlib.suppress(RuntimeError, TypeError):  # an older torch without out_dtype: chunks below
+                logits = torch.mm(hidden, self.head_weight.T, out_dtype=torch.float32)
+        if logits is None:  # in float32 chunk by chunk: a float32 copy of the head outweighs the model (Qwen3: 622 MB)
+            hidden = hidden.to(torch.float32)
             logits = torch.empty(hidden.shape[0], self.head_weight.shape[0], dtype=torch.float32, device=hidden.device)
             for start in range(0, self.head_weight.shape[0], HEAD_CHUNK_ROWS):
                 chunk = self.head_weight[start : start + HEAD_CHUNK_ROWS].to(torch.float32)  # [C, D]

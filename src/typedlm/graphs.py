@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from typedlm.attention import StaticPlan
+from typedlm.attention import StaticPlan, additive
 from typedlm.packing import PackedBatch
 
 MAX_GRAPHS = 32  # captured shapes kept (least recently used dropped)
@@ -185,6 +185,7 @@ class StaticRunner:
     def _forward(self, slot: _Slot) -> torch.Tensor:
         shape, f = slot.shape, slot.field
         cu = f("cu").to(torch.int32)
+        own_mask = f("own_mask").bool().view(shape.segments, shape.width, shape.width)  # [G, S, S]
         plan = StaticPlan(
             kv=self.kv,
             doc_rows=shape.doc_rows,
@@ -193,7 +194,8 @@ class StaticRunner:
             cu_keys=cu[2:4],
             cu_packed=cu[4:6],
             own_rows=f("own_rows").view(shape.segments, shape.width),
-            own_mask=f("own_mask").bool().view(shape.segments, shape.width, shape.width),
+            own_mask=own_mask,
+            own_bias=additive(own_mask, self.dtype)[:, None],
             row_slot=f("row_slot"),
         )
         out = self.body(

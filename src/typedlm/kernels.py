@@ -1,0 +1,229 @@
+"""Fused kernels for a model's small operations: RMSNorm, the SwiGLU product and rotary embeddings.
+
+transformers runs a Llama-family layer's small operations as chains of elementwise kernels, in float32 (an
+RMSNorm is six kernels, a rotary embedding about ten). On a GPU, under a CUDA graph, those kernels and their
+memory traffic took more time than the matrix products (see benchmarks/README.md). `fuse(model, ops)` swaps
+each for one kernel; `liger_ops()` gives liger-kernel's Triton kernels where it is installed
+(`pip install 'typedlm[cuda]'`), `reference_ops()` the same operations in plain torch (any device: tests).
+
+Nothing is swapped on trust. Each candidate runs beside the module or function it would replace, on random
+inputs of the model's shapes, dtype and device, and is kept only where the two agree (`agrees`). A family whose
+operation differs (Gemma's RMSNorm scales by 1 + weight, a GELU MLP, a partial rotary) keeps its own code for
+that operation, and the report says so.
+
+Norms and MLPs are swapped per module instance. Rotary embeddings are a module-level function of the model's
+modeling file (`apply_rotary_pos_emb`): it is wrapped in that module, for every model of the family in this
+process; the wrapper calls the fused kernel only for CUDA tensors and the original otherwise.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+PROBE_ROWS = 8  # rows of the random inputs a candidate is checked on
+_WRAPPED = "_typedlm_fused"  # marks a rotary function already wrapped
+
+
+@dataclass(frozen=True)
+class FusedOps:
+    """One implementation of each operation.
+
+    - `rms_norm(x [..., D], weight [D], eps) -> [..., D]`: x·rsqrt(mean(x²) + eps) in float32, cast back to
+      x's dtype, times weight (transformers' Llama convention);
+    - `silu_mul(gate [..., F], up [..., F]) -> [..., F]`: silu(gate)·up;
+    - `rope(q [B, H, L, D], k [B, Hkv, L, D], cos [B, L, D], sin [B, L, D]) -> (q, k)`: rotated by halves (may
+      write into q and k).
+    """
+
+    name: str
+    device_type: str | None  # the device these kernels run on (None: any); other tensors take the original path
+    rms_norm: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
+    silu_mul: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    rope: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+
+    def runs_on(self, x: torch.Tensor) -> bool:
+        return self.device_type is None or x.device.type == self.device_type
+
+
+@dataclass
+class FusionReport:
+    """What `fuse` swapped, and what it kept because the fused operation disagreed or did not apply."""
+
+    ops: str
+    norms: int = 0
+    mlps: int = 0
+    rope: bool = False
+    kept: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        kept = f"; kept the model's own: {', '.join(self.kept)}" if self.kept else ""
+        rope = "fused" if self.rope else "not"
+        return f"{self.ops} kernels: {self.norms} norms, {self.mlps} MLPs, rotary {rope}{kept}"
+
+
+def _reference_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # x: [..., D]
+    x32 = x.float()
+    return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def _reference_silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.silu(gate) * up
+
+
+def _reference_rope(q, k, cos, sin):
+    # q: [B, H, L, D], cos/sin: [B, L, D] -> broadcast over heads
+    cos, sin = cos[:, None], sin[:, None]
+
+    def rotate(x: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+    return q * cos + rotate(q) * sin, k * cos + rotate(k) * sin
+
+
+def reference_ops() -> FusedOps:
+    """The operations in plain torch: what the fused kernels must compute."""
+    return FusedOps("reference", None, _reference_rms_norm, _reference_silu_mul, _reference_rope)
+
+
+def liger_ops() -> FusedOps | None:
+    """liger-kernel's Triton kernels, or None where liger-kernel (or Triton) is not installed."""
+    try:
+        from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+        from liger_kernel.ops.rope import LigerRopeFunction
+        from liger_kernel.ops.swiglu import LigerSiLUMulFunction
+    except ImportError:
+        return None
+    return FusedOps(
+        "liger",
+        "cuda",
+        lambda x, weight, eps: LigerRMSNormFunction.apply(x, weight, eps, 0.0, "llama", False),
+        LigerSiLUMulFunction.apply,
+        lambda q, k, cos, sin: LigerRopeFunction.apply(q, k, cos, sin),
+    )
+
+
+def agrees(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """Equal up to the rounding of the dtype (relative to the values' scale)."""
+    tolerance = 1e-5 if want.dtype in (torch.float32, torch.float64) else 2e-2
+    scale = 1.0 + want.float().abs().max().item()
+    return got.shape == want.shape and bool((got.float() - want.float()).abs().max().item() <= tolerance * scale)
+
+
+def _norm_forward(module: torch.nn.Module, original: Callable, ops: FusedOps, eps: float) -> Callable:
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return ops.rms_norm(x, module.weight, eps) if ops.runs_on(x) else original(x)
+
+    return forward
+
+
+def _mlp_forward(module: torch.nn.Module, original: Callable, ops: FusedOps) -> Callable:
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        if not ops.runs_on(x):
+            return original(x)
+        return module.down_proj(ops.silu_mul(module.gate_proj(x), module.up_proj(x)))
+
+    return forward
+
+
+def _probe(shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+    generator = torch.Generator(device=like.device).manual_seed(0)
+    return torch.randn(shape, generator=generator, device=like.device).to(like.dtype)
+
+
+def _fuse_norms(model: torch.nn.Module, ops: FusedOps, report: FusionReport) -> None:
+    verdict: dict[type, bool] = {}  # per class: checked on its first instance
+    for module in model.modules():
+        eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
+        weight = getattr(module, "weight", None)
+        if not type(module).__name__.endswith("RMSNorm") or eps is None or weight is None or weight.dim() != 1:
+            continue
+        kind, original = type(module), module.forward
+        if kind not in verdict:
+            x = _probe((PROBE_ROWS, weight.shape[0]), weight)
+            verdict[kind] = agrees(ops.rms_norm(x, weight, eps), original(x))
+            if not verdict[kind]:
+                report.kept.append(kind.__name__)
+        if verdict[kind]:
+            module.forward = _norm_forward(module, original, ops, eps)
+            report.norms += 1
+
+
+def _fuse_mlps(model: torch.nn.Module, ops: FusedOps, report: FusionReport) -> None:
+    verdict: dict[type, bool] = {}
+    for module in model.modules():
+        if not all(hasattr(module, name) for name in ("gate_proj", "up_proj", "down_proj")):
+            continue
+        kind, original = type(module), module.forward
+        if kind not in verdict:
+            x = _probe((PROBE_ROWS, module.gate_proj.in_features), module.gate_proj.weight)
+            fused = module.down_proj(ops.silu_mul(module.gate_proj(x), module.up_proj(x)))
+            verdict[kind] = agrees(fused, original(x))
+            if not verdict[kind]:
+                report.kept.append(kind.__name__)
+        if verdict[kind]:
+            module.forward = _mlp_forward(module, original, ops)
+            report.mlps += 1
+
+
+def _fuse_rope(model: torch.nn.Module, ops: FusedOps, report: FusionReport) -> None:
+    config = model.config.get_text_config()
+    attention = next((m for m in model.modules() if hasattr(m, "q_proj") and hasattr(m, "k_proj")), None)
+    modeling = sys.modules.get(type(attention).__module__) if attention is not None else None
+    original = getattr(modeling, "apply_rotary_pos_emb", None)
+    if original is None:
+        report.kept.append("rotary (no apply_rotary_pos_emb)")
+        return
+    if getattr(original, _WRAPPED, None) is ops.name:
+        report.rope = True
+        return
+    original = getattr(original, "__wrapped__", original)
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    like = next(model.parameters())
+    q, k = _probe((1, heads, PROBE_ROWS, dim), like), _probe((1, kv_heads, PROBE_ROWS, dim), like) * 0.5
+    angles = _probe((1, PROBE_ROWS, dim // 2), like).float()
+    cos, sin = (f(torch.cat((angles, angles), dim=-1)).to(like.dtype) for f in (torch.cos, torch.sin))
+    want_q, want_k = original(q.clone(), k.clone(), cos, sin)
+    got_q, got_k = ops.rope(q.clone(), k.clone(), cos, sin)
+    if not (agrees(got_q, want_q) and agrees(got_k, want_k)):
+        report.kept.append("rotary")
+        return
+
+    def rope(q, k, cos, sin, *args, **kwargs):
+        if args or kwargs or not ops.runs_on(q):
+            return original(q, k, cos, sin, *args, **kwargs)
+        return ops.rope(q, k, cos, sin)
+
+    rope.__wrapped__ = original
+    setattr(rope, _WRAPPED, ops.name)
+    modeling.apply_rotary_pos_emb = rope
+    report.rope = True
+
+
+@torch.inference_mode()
+def fuse(model: torch.nn.Module, ops: FusedOps) -> FusionReport:
+    """Swap the model's RMSNorms, SwiGLU MLPs and rotary embedding for `ops` where each agrees on a probe."""
+    report = FusionReport(ops.name)
+    if not ops.runs_on(next(model.parameters())):
+        report.kept.append(f"everything (these kernels need {ops.device_type})")
+        return report
+    _fuse_norms(model, ops, report)
+    _fuse_mlps(model, ops, report)
+    _fuse_rope(model, ops, report)
+    return report
+
+
+def unfuse_rope(model: torch.nn.Module) -> None:
+    """Restore the original rotary function of the model's family (tests)."""
+    attention = next((m for m in model.modules() if hasattr(m, "q_proj") and hasattr(m, "k_proj")), None)
+    modeling = sys.modules.get(type(attention).__module__) if attention is not None else None
+    current = getattr(modeling, "apply_rotary_pos_emb", None)
+    if current is not None and hasattr(current, "__wrapped__"):
+        modeling.apply_rotary_pos_emb = current.__wrapped__

@@ -1,0 +1,81 @@
+"""Fused-kernel swapping: a swapped model computes what it computed before, and a wrong kernel is refused."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+import pytest
+import torch
+
+from typedlm.kernels import agrees, fuse, reference_ops, unfuse_rope
+
+from .conftest import tiny_model
+
+
+@pytest.fixture
+def ids():
+    return torch.randint(0, 200, (1, 23), generator=torch.Generator().manual_seed(0))
+
+
+def _logits(model, ids):
+    with torch.inference_mode():
+        return model(input_ids=ids).logits
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama"])
+def test_reference_kernels_swap_in_and_keep_the_outputs(family, ids):
+    model = tiny_model(family, 256)
+    want = _logits(model, ids)
+    report = fuse(model, reference_ops())
+    try:
+        assert report.norms > 0 and report.mlps == model.config.num_hidden_layers and report.rope, report
+        assert not report.kept, report
+        assert agrees(_logits(model, ids), want)
+    finally:
+        unfuse_rope(model)
+
+
+def test_a_family_whose_operations_differ_keeps_its_own(ids):
+    model = tiny_model("gemma3", 256)  # RMSNorm scales by 1 + weight; the MLP is GELU-gated
+    want = _logits(model, ids)
+    report = fuse(model, reference_ops())
+    try:
+        assert report.norms == 0 and report.mlps == 0, report
+        assert any("RMSNorm" in kept for kept in report.kept) and any("MLP" in kept for kept in report.kept)
+        assert agrees(_logits(model, ids), want)
+    finally:
+        unfuse_rope(model)
+
+
+def test_a_wrong_kernel_is_refused(ids):
+    model = tiny_model("qwen3", 256)
+    want = _logits(model, ids)
+    reference = reference_ops()
+    wrong = dataclasses.replace(reference, rms_norm=lambda x, weight, eps: reference.rms_norm(x, weight, eps) * 1.01)
+    report = fuse(model, wrong)
+    try:
+        assert report.norms == 0 and report.mlps > 0 and "Qwen3RMSNorm" in report.kept
+        assert agrees(_logits(model, ids), want)
+    finally:
+        unfuse_rope(model)
+
+
+def test_kernels_for_another_device_change_nothing(ids):
+    model = tiny_model("qwen3", 256)
+    cuda_only = dataclasses.replace(reference_ops(), device_type="cuda")
+    report = fuse(model, cuda_only)
+    assert report.norms == report.mlps == 0 and not report.rope and report.kept
+
+
+def test_fusing_twice_wraps_the_rotary_once(ids):
+    model = tiny_model("qwen3", 256)
+    modeling = sys.modules[type(model.model.layers[0].self_attn).__module__]
+    original = modeling.apply_rotary_pos_emb
+    try:
+        fuse(model, reference_ops())
+        fuse(model, reference_ops())
+        assert modeling.apply_rotary_pos_emb.__wrapped__ is original
+    finally:
+        unfuse_rope(model)
+    assert modeling.apply_rotary_pos_emb is original
