@@ -130,12 +130,14 @@ def test_remembered_documents_and_suffixes_equal_fresh_tokenizations(tokenizer, 
     monkeypatch.setattr("typedlm.prompt.DOCUMENT_CACHE_ENTRIES", 3)
     layout = ChatLayout(tokenizer)
     states = ["ends with a", "ends with a.", "ends with >", "ends with a\n</document", "ends with\n\n", "x" * 300]
+    states += ["1234567890" * 40, "東京" * 100 + "。", "a" + " " * 200 + "\tb", "<" * 120, "word\n" * 100 + "\u2060"]
     for state in states * 2:
         tokenized = layout.tokenize(state, QUESTIONS)
         for question, suffix in zip(QUESTIONS, tokenized.suffix_ids, strict=True):
             whole = layout.encode(layout.prefix_text(state) + layout.suffix_text(question))
             assert tokenized.prefix_ids + suffix == whole
-        assert layout._documents[layout.prefix_text(state)].tail is not None  # the cut held
+        # the cut held (a byte-level token may start inside a character: then the window check fails safely)
+        assert layout._documents[layout.prefix_text(state)].tail is not None or not state.isascii()
     assert len(layout._documents) == 3  # the least recently used documents were forgotten
     assert len(layout._tail_cache) == len(QUESTIONS)  # the text after the cut is the same for every document
 

@@ -14,8 +14,8 @@ prefix's own ids, and feeding prefix + suffix is exactly the ids of the whole pr
 Tokenizing each whole prompt would cost Q tokenizations of the document. Instead a document's prompts
 are cut at a token boundary inside the document close (`ChatLayout._cut`): the ids before it are the
 document's own, and the text after it (a piece of the close, then the question) is the same for every
-document, so its ids are remembered per question. The cut is checked once per document against the
-first question's whole prompt tokenized in full; documents are remembered (by their exact text) with
+document, so its ids are remembered per question. The cut is checked once per document, on the
+document's last tokens with the first question; documents are remembered (by their exact text) with
 their ids and checked cut, so a repeated document is not tokenized again.
 """
 
@@ -41,6 +41,7 @@ DOCUMENT_OPEN = "<document>\n"
 DOCUMENT_CLOSE = "\n</document>"
 QUESTION_LEAD = "\n\n"
 DOCUMENT_CACHE_ENTRIES = 64  # documents whose prefix ids and checked cut are remembered
+TAIL_TOKENS = 48  # the prefix's last tokens, re-tokenized with the first question to check the cut
 TAIL_CACHE_ENTRIES = 8192  # suffixes whose ids after the document close are remembered
 WORD_JOINER = "\u2060"  # invisible; breaks a control-token string in user text into plain text
 _STATE = "\x00typedlm-state\x00"
@@ -195,8 +196,11 @@ class ChatLayout:
         Tokenizers split text into short pieces before merging (whitespace, punctuation), so the ids before a
         token boundary of the prefix stay the same whatever follows it. The text after the cut is then a
         piece of the fixed document close, the same for every document, and its tokenization with each
-        suffix is cached (`_tails`). The cut is checked once per document, on the first question's whole
-        prompt tokenized in full; a tokenizer for which it does not hold gets every prompt tokenized whole.
+        suffix is cached (`_tails`). The cut is checked once per document, on the prefix's last `TAIL_TOKENS`
+        tokens tokenized alone and with the first question: they must give the prefix's own ids, then the cut's
+        (for the same reason, the ids before those tokens cannot change either, so the document is not
+        tokenized again with the question). A tokenizer for which the check fails gets every prompt tokenized
+        whole.
         """
         encoded = self._tokenizer(prefix, add_special_tokens=False, return_offsets_mapping=True)
         alone, offsets = tuple(encoded["input_ids"]), encoded.get("offset_mapping")
@@ -204,8 +208,10 @@ class ChatLayout:
         while k and offsets[k - 1][0] >= close:
             k -= 1
         if offsets and k < len(alone):
-            tail = prefix[offsets[k][0] :]
-            if alone[:k] + self._tails([tail + first_suffix])[0] == tuple(self.encode(prefix + first_suffix)):
+            tail, j = prefix[offsets[k][0] :], max(k - TAIL_TOKENS, 0)
+            window = prefix[offsets[j][0] :]
+            window_alone, window_whole = self._encode_batch([window, window + first_suffix])
+            if window_alone == alone[j:] and window_whole == alone[j:k] + self._tails([tail + first_suffix])[0]:
                 return _Cut(alone[:k], alone[k:], tail)
         return _Cut((), alone, None)
 
