@@ -39,3 +39,18 @@ def test_sliding_window_is_measured_over_positions():
     expected = np.zeros(11, dtype=bool)
     expected[[4, 5, 6 + 2]] = True
     assert mask[2].tolist() == expected.tolist()
+
+
+def test_each_row_sees_exactly_its_ancestors_and_itself():
+    deep = LabelSet.build([[(1, 2, 3)], [(1, 2, 4)], [(1, 5)], [(6, 7)], [(8,)]])
+    items = [PackedItem(list(range(100, 100 + n)), labels) for n, labels in [(3, deep), (1, deep), (5, deep)]]
+    batch = pack(10, items)
+    ancestors = np.eye(batch.n_rows, dtype=bool)
+    for row, parent in enumerate(batch.parent.tolist()):
+        if parent >= 0:
+            ancestors[row] |= ancestors[parent]
+    assert (batch.visibility() == ancestors).all()
+    index, valid = batch.segment_index()
+    blocks = batch.segment_visibility()
+    assert not blocks[~valid].any()  # padding rows see nothing
+    assert (blocks == ancestors[index[:, :, None], index[:, None, :]] & valid[:, :, None] & valid[:, None, :]).all()

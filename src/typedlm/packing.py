@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import torch
@@ -47,7 +48,7 @@ class PackedBatch:
     def n_rows(self) -> int:
         return len(self.input_ids)
 
-    @property
+    @cached_property
     def segments(self) -> list[tuple[int, int]]:
         """(start, end) packed rows of each item; an item starts where a row attaches to the prefix."""
         starts = np.flatnonzero(self.parent < 0).tolist()
@@ -55,26 +56,22 @@ class PackedBatch:
 
     def segment_visibility(self) -> np.ndarray:
         """[G, S, S] bool, S = the longest item: local row i of item g may attend its local row j."""
-        segments = self.segments
-        width = max(end - start for start, end in segments)
-        visible = np.zeros((len(segments), width, width), dtype=bool)
-        for g, (start, end) in enumerate(segments):
-            for i in range(end - start):
-                p = self.parent[start + i]
-                if p >= 0:
-                    visible[g, i] = visible[g, p - start]
-                visible[g, i, i] = True
+        index, valid = self.segment_index()
+        local_parent = np.where(valid, self.parent[index] - index[:, :1], -1)  # [G, S], < 0: attaches to the prefix
+        visible = np.zeros((*index.shape, index.shape[1]), dtype=bool)
+        items = np.arange(len(index))
+        for i in range(index.shape[1]):  # a row sees what its parent sees (parents come first), and itself
+            child = local_parent[:, i] >= 0
+            visible[child, i] = visible[items[child], local_parent[child, i]]
+            visible[:, i, i] = valid[:, i]
         return visible
 
     def segment_index(self) -> tuple[np.ndarray, np.ndarray]:
         """index [G, S] (packed row of each local row, 0 as padding) and valid [G, S]."""
-        segments = self.segments
-        width = max(end - start for start, end in segments)
-        local = np.arange(width)
-        starts = np.array([start for start, _ in segments])[:, None]
-        lengths = np.array([end - start for start, end in segments])[:, None]
-        valid = local[None] < lengths
-        return np.where(valid, starts + local[None], 0), valid
+        starts, ends = np.array(self.segments).T  # [G], [G]
+        local = np.arange((ends - starts).max())
+        valid = local[None] < (ends - starts)[:, None]
+        return np.where(valid, starts[:, None] + local[None], 0), valid
 
     def visibility(self) -> np.ndarray:
         """[N, N] bool: row i may attend packed row j (j is i or an ancestor of i)."""
