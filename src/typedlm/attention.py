@@ -65,9 +65,10 @@ class StaticPlan:
       are written at `write_slots` [doc_rows] = p, p + 1, ... during the forward;
     - `cu_doc` [2] int32 = (0, t) real document rows; `cu_keys` [2] int32 = (0, p + t) keys every row may see;
       `cu_packed` [2] int32 = (0, packed rows);
-    - `own_rows` [G, S]: the packed row of each segment slot; `own_mask` [G, S, S]: slot i may see slot j
-      (padding slots see themselves only), `own_bias` [G, 1, S, S] the same as `additive` in the model's dtype;
-      `row_slot` [N]: each packed row's flat slot g·S + s.
+    - `own_rows` [G, S]: the packed row of each segment slot; `own_mask` [G, 1, groups·S, S]: slot i may see
+      slot j (padding slots see themselves only), repeated for the `groups` query heads that share a key/value
+      head; `own_bias` the same as `additive` in the model's dtype; `row_slot` [N]: each packed row's flat
+      slot g·S + s.
     """
 
     kv: torch.Tensor
@@ -216,12 +217,18 @@ def _static_cascade(module: torch.nn.Module, query, key, value, plan: StaticPlan
     if q.shape[0] > tb:  # packed rows: everything before them, and their own segment
         qp = q[tb:].contiguous()  # [N, H, D]
         out_s, lse_s = attend_ranges(qp, kbuf, vbuf, plan.cu_packed, plan.cu_keys, scale)
+        # own part, grouped heads kept grouped: the `groups` query heads of one key/value head become
+        # `groups` blocks of rows over that head's keys (no copy of the keys per query head)
         g, s = plan.own_rows.shape
-        own_q = qp[plan.own_rows].permute(0, 2, 1, 3)  # [G, H, S, D]
-        own_k, own_v = (_expand_kv(x[tb:][plan.own_rows].permute(0, 2, 1, 3), heads) for x in (k, v))
-        out_o, lse_o = attend_with_lse(own_q, own_k, own_v, scale, mask=plan.own_mask[:, None], bias=plan.own_bias)
-        out_o = out_o.permute(0, 2, 1, 3).reshape(g * s, heads, dim)[plan.row_slot]  # [N, H, D]
-        lse_o = lse_o.permute(0, 2, 1).reshape(g * s, heads)[plan.row_slot]  # [N, H]
+        kv_heads = k.shape[1]
+        groups = heads // kv_heads
+        own_q = qp[plan.own_rows].view(g, s, kv_heads, groups, dim)  # [G, S, Hkv, groups, D]
+        own_q = own_q.permute(0, 2, 3, 1, 4).reshape(g, kv_heads, groups * s, dim)  # [G, Hkv, groups·S, D]
+        own_k, own_v = (x[tb:][plan.own_rows].permute(0, 2, 1, 3) for x in (k, v))  # [G, Hkv, S, D]
+        out_o, lse_o = attend_with_lse(own_q, own_k, own_v, scale, mask=plan.own_mask, bias=plan.own_bias)
+        out_o = out_o.view(g, kv_heads, groups, s, dim).permute(0, 3, 1, 2, 4).reshape(g * s, heads, dim)
+        lse_o = lse_o.view(g, kv_heads, groups, s).permute(0, 3, 1, 2).reshape(g * s, heads)
+        out_o, lse_o = out_o[plan.row_slot], lse_o[plan.row_slot]  # [N, H, D], [N, H]
         parts.append(_merge(out_s, lse_s, out_o.to(out_s.dtype), lse_o))
     return (parts[0] if len(parts) == 1 else torch.cat(parts))[None]
 

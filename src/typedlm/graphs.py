@@ -151,7 +151,7 @@ class StaticRunner:
     def __init__(self, body: torch.nn.Module, head: Callable[[torch.Tensor], torch.Tensor], masks, capture: bool):
         self.body, self.head, self.masks, self.capture = body, head, masks, capture
         config = body.config
-        heads = config.num_attention_heads
+        self.heads = heads = config.num_attention_heads
         self.kv_heads = getattr(config, "num_key_value_heads", None) or heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
         self.layers = config.num_hidden_layers
@@ -185,7 +185,8 @@ class StaticRunner:
     def _forward(self, slot: _Slot) -> torch.Tensor:
         shape, f = slot.shape, slot.field
         cu = f("cu").to(torch.int32)
-        own_mask = f("own_mask").bool().view(shape.segments, shape.width, shape.width)  # [G, S, S]
+        own_mask = f("own_mask").bool().view(shape.segments, 1, shape.width, shape.width)  # [G, 1, S, S]
+        own_mask = own_mask.repeat(1, 1, self.heads // self.kv_heads, 1)  # [G, 1, groups·S, S]
         plan = StaticPlan(
             kv=self.kv,
             doc_rows=shape.doc_rows,
@@ -195,7 +196,7 @@ class StaticRunner:
             cu_packed=cu[4:6],
             own_rows=f("own_rows").view(shape.segments, shape.width),
             own_mask=own_mask,
-            own_bias=additive(own_mask, self.dtype)[:, None],
+            own_bias=additive(own_mask, self.dtype),
             row_slot=f("row_slot"),
         )
         out = self.body(
