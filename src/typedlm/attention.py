@@ -261,10 +261,9 @@ def cascade_attention(
     parts = []
     if t:  # document rows: themselves causally, then the cached prefix
         out, lse = attend_with_lse(query[:, :, :t], key[:, :, p : p + t], value[:, :, p : p + t], scale, causal=True)
-        out = out.float()
         if p:
             out_p, lse_p = attend_with_lse(query[:, :, :t], key[:, :, :p], value[:, :, :p], scale)
-            out = _merge(out, lse, out_p.float(), lse_p)
+            out = _merge(out, lse, out_p, lse_p)
         parts.append(out[0])  # [H, T, D]
     if rows > t:  # packed rows: their own segment, then everything before the packed rows
         n, base = rows - t, p + t
@@ -273,16 +272,16 @@ def cascade_attention(
         own_v = value[0, :, base:][:, plan.index].transpose(0, 1)
         out_o, lse_o = attend_with_lse(own_q, own_k, own_v, scale, mask=plan.own_mask[:, None])
         flat = plan.index[plan.valid]  # [N]: segment slots back to packed rows
-        out = torch.empty(heads, n, dim, dtype=torch.float32, device=query.device)
+        out = torch.empty(heads, n, dim, dtype=query.dtype, device=query.device)
         lse = torch.empty(heads, n, dtype=torch.float32, device=query.device)
-        out[:, flat] = out_o.transpose(0, 1)[:, plan.valid].float()
+        out[:, flat] = out_o.transpose(0, 1)[:, plan.valid].to(query.dtype)
         lse[:, flat] = lse_o.transpose(0, 1)[:, plan.valid]
         if base:
             out_s, lse_s = attend_with_lse(query[:, :, t:], key[:, :, :base], value[:, :, :base], scale)
-            out = _merge(out, lse, out_s[0].float(), lse_s[0])
+            out = _merge(out, lse, out_s[0], lse_s[0])
         parts.append(out)  # [H, N, D]
     out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
-    return out.to(query.dtype).transpose(0, 1)[None].contiguous(), None  # [1, rows, H, D]
+    return out.transpose(0, 1)[None].contiguous(), None  # [1, rows, H, D]
 
 
 AttentionInterface.register(IMPLEMENTATION, cascade_attention)
