@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from typedlm.labels import LabelSet
-from typedlm.packing import PackedItem, pack
+from typedlm.packing import LAYOUT_CACHE_ENTRIES, PackedItem, _layout, pack
 
 
 def test_layout_of_two_questions_with_a_label_tree():
@@ -54,3 +54,78 @@ def test_each_row_sees_exactly_its_ancestors_and_itself():
     blocks = batch.segment_visibility()
     assert not blocks[~valid].any()  # padding rows see nothing
     assert (blocks == ancestors[index[:, :, None], index[:, None, :]] & valid[:, :, None] & valid[:, None, :]).all()
+
+
+def test_layouts_are_shared_by_length_and_labels_but_tokens_are_each_items_own():
+    flat = LabelSet.build([[(1,)], [(2,)]])
+    deep = LabelSet.build([[(3, 4)], [(3, 5)]])
+    # the same suffix length and labels share a cached layout; the tokens still come from each item
+    batch = pack(4, [PackedItem([10, 11], flat), PackedItem([20, 21], flat), PackedItem([30, 31], deep)])
+    assert batch.input_ids.tolist() == [10, 11, 20, 21, 30, 31, 3]
+    assert batch.step_token.tolist() == [1, 2, 1, 2, 3, 4, 3, 5]
+    assert batch.parent.tolist() == [-1, 0, -1, 2, -1, 4, 5]
+    assert batch.read_rows.tolist() == [1, 3, 5, 6]
+    assert batch.step_read.tolist() == [0, 0, 1, 1, 2, 3, 2, 3]
+    assert batch.form_group.tolist() == [0, 1, 2, 3, 4, 5]
+    # equal label sets built apart are one key; a different label set never gets another's layout
+    again = pack(4, [PackedItem([40, 41], LabelSet.build([[(1,)], [(2,)]])), PackedItem([50, 51], deep)])
+    assert again.input_ids.tolist() == [40, 41, 50, 51, 3] and again.step_token.tolist() == [1, 2, 3, 4, 3, 5]
+
+
+def test_layout_cache_is_bounded_and_read_only():
+    flat = LabelSet.build([[(1,)], [(2,)]])
+    pack(0, [PackedItem([1, 2, 3], flat)])
+    assert _layout.cache_info().maxsize == LAYOUT_CACHE_ENTRIES
+    layout = _layout(3, flat)
+    assert not layout.parent.flags.writeable and not layout.visibility.flags.writeable
+    batch = pack(0, [PackedItem([1, 2, 3], flat)])
+    batch.parent[0] = 99  # a batch's arrays are its own
+    assert _layout(3, flat).parent[0] == -1
+
+
+def test_matches_the_row_by_row_layout():
+    rng = np.random.default_rng(0)
+    sets = [
+        LabelSet.build([[(1, 2, 3)], [(1, 2, 4)], [(1, 5)], [(6, 7)], [(8,)]]),
+        LabelSet.build([[(5,), (9, 3)], [(7, 8), (7, 9, 1)], [(4,)]]),
+    ]
+    for _ in range(20):
+        items = [
+            PackedItem(rng.integers(0, 1000, rng.integers(1, 12)).tolist(), sets[rng.integers(2)])
+            for _ in range(rng.integers(1, 9))
+        ]
+        batch, want = pack(7, items), row_by_row(7, items)
+        for name, values in want.items():
+            assert getattr(batch, name).tolist() == values, name
+
+
+def row_by_row(prefix_len: int, items: list[PackedItem]) -> dict[str, list[int]]:
+    """The layout built one row at a time, straight from the module docstring."""
+    out = {name: [] for name in ("input_ids", "position_ids", "parent", "read_rows")}
+    out |= {name: [] for name in ("step_read", "step_token", "step_form", "form_group")}
+    groups = 0
+    for item in items:
+        start = len(out["input_ids"])
+        for j, token in enumerate(item.suffix_ids):
+            out["input_ids"].append(token)
+            out["position_ids"].append(prefix_len + j)
+            out["parent"].append(start + j - 1 if j else -1)
+        node_row = {(): len(out["input_ids"]) - 1}
+        for node in item.labels.inner_nodes:
+            node_row[node] = len(out["input_ids"])
+            out["input_ids"].append(node[-1])
+            out["position_ids"].append(prefix_len + len(item.suffix_ids) + len(node) - 1)
+            out["parent"].append(node_row[node[:-1]])
+        read_index = {}
+        for row in node_row.values():
+            read_index[row] = len(out["read_rows"])
+            out["read_rows"].append(row)
+        for group in item.labels.groups:
+            for form in group:
+                for s, token in enumerate(form):
+                    out["step_read"].append(read_index[node_row[form[:s]]])
+                    out["step_token"].append(token)
+                    out["step_form"].append(len(out["form_group"]))
+                out["form_group"].append(groups)
+            groups += 1
+    return out

@@ -9,18 +9,24 @@ alone: suffix token j sits at P + j, a label node of depth d at P + len(suffix) 
 
 The read plan says which rows go through the LM head and which (row, token) log-probabilities add
 up to each complete label: a label's probability is the product of its tokens' conditionals.
+
+An item's layout (everything but its tokens: positions, parents, read plan, visibility) depends only on
+its suffix length and label set, so it is built once and kept (`LAYOUT_CACHE_ENTRIES`, least recently
+used dropped); `pack` concatenates layouts with offsets and takes every token from the items themselves.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 import numpy as np
 import torch
 
 from typedlm.labels import LabelSet
+
+LAYOUT_CACHE_ENTRIES = 1024  # item layouts kept, keyed by (suffix length, label set): no token ids in them
 
 
 @dataclass(frozen=True)
@@ -43,6 +49,7 @@ class PackedBatch:
     step_form: np.ndarray  # [K] the form (complete label) the step belongs to
     form_group: np.ndarray  # [F] global answer-group index of each form
     groups_per_item: list[int]  # answer groups of each item, in order
+    item_visibility: tuple[np.ndarray, ...]  # per item [n, n] bool: its local row i may attend its local row j
 
     @property
     def n_rows(self) -> int:
@@ -56,14 +63,10 @@ class PackedBatch:
 
     def segment_visibility(self) -> np.ndarray:
         """[G, S, S] bool, S = the longest item: local row i of item g may attend its local row j."""
-        index, valid = self.segment_index()
-        local_parent = np.where(valid, self.parent[index] - index[:, :1], -1)  # [G, S], < 0: attaches to the prefix
+        index, _ = self.segment_index()
         visible = np.zeros((*index.shape, index.shape[1]), dtype=bool)
-        items = np.arange(len(index))
-        for i in range(index.shape[1]):  # a row sees what its parent sees (parents come first), and itself
-            child = local_parent[:, i] >= 0
-            visible[child, i] = visible[items[child], local_parent[child, i]]
-            visible[:, i, i] = valid[:, i]
+        for g, block in enumerate(self.item_visibility):  # padding rows see nothing
+            visible[g, : len(block), : len(block)] = block
         return visible
 
     def segment_index(self) -> tuple[np.ndarray, np.ndarray]:
@@ -96,57 +99,100 @@ class PackedBatch:
         return torch.from_numpy(mask)[None, None]
 
 
+@dataclass(frozen=True)
+class _Layout:
+    """One item's rows laid out alone, everything but its suffix tokens: rows count from the item's first row,
+    read rows, forms and groups from its first. Depends only on the suffix length and the label set."""
+
+    label_ids: np.ndarray  # [n] token of each label-tree row (after the suffix rows)
+    position: np.ndarray  # [L + n] position after the prefix
+    parent: np.ndarray  # [L + n] parent row, -1 = attaches to the prefix
+    read_rows: np.ndarray  # [r]
+    step_read: np.ndarray  # [k]
+    step_token: np.ndarray  # [k]
+    step_form: np.ndarray  # [k]
+    form_group: np.ndarray  # [f]
+    groups: int
+    visibility: np.ndarray  # [L + n, L + n] bool: row i may attend row j (j is i or an ancestor)
+
+
+@lru_cache(maxsize=LAYOUT_CACHE_ENTRIES)
+def _layout(suffix_len: int, labels: LabelSet) -> _Layout:
+    assert suffix_len > 0, "a question's suffix has at least one token (its label tree hangs from the last)"
+    # 1. the suffix: a chain after the prefix
+    pos, parent = list(range(suffix_len)), list(range(-1, suffix_len - 1))
+    # 2. the label tree: one row per inner node, a child of the node one token shorter
+    node_row = {(): suffix_len - 1}
+    for node in labels.inner_nodes:
+        node_row[node] = len(pos)
+        pos.append(suffix_len + len(node) - 1)
+        parent.append(node_row[node[:-1]])
+    # 3. the read plan: each label token is read at the row of the node before it
+    read_index = {row: i for i, row in enumerate(node_row.values())}
+    step_read, step_token, step_form, form_group = [], [], [], []
+    for g, group in enumerate(labels.groups):
+        for form in group:
+            for s, token in enumerate(form):
+                step_read.append(read_index[node_row[form[:s]]])
+                step_token.append(token)
+                step_form.append(len(form_group))
+            form_group.append(g)
+    visible = np.zeros((len(pos), len(pos)), dtype=bool)
+    for row, up in enumerate(parent):  # a row sees what its parent sees (parents come first), and itself
+        if up >= 0:
+            visible[row] = visible[up]
+        visible[row, row] = True
+    arrays = [
+        _frozen([node[-1] for node in labels.inner_nodes]),
+        _frozen(pos),
+        _frozen(parent),
+        _frozen(list(node_row.values())),
+        _frozen(step_read),
+        _frozen(step_token),
+        _frozen(step_form),
+        _frozen(form_group),
+    ]
+    visible.flags.writeable = False
+    return _Layout(*arrays, len(labels.groups), visible)
+
+
+def _frozen(values: list[int]) -> np.ndarray:
+    array = np.asarray(values, dtype=np.int64)
+    array.flags.writeable = False  # shared by every batch that packs this layout
+    return array
+
+
+def _offsets(sizes: list[int], values: list[int]) -> np.ndarray:
+    """Each of `values` (one per item) repeated `sizes` times: what to add to the items' local indices."""
+    return np.repeat(np.asarray(values, dtype=np.int64), sizes)
+
+
 def pack(prefix_len: int, items: Sequence[PackedItem]) -> PackedBatch:
     """Lay out every item's suffix and label tree after a prefix of `prefix_len` tokens."""
+    layouts = [_layout(len(item.suffix_ids), item.labels) for item in items]
     ids: list[int] = []
-    pos: list[int] = []
-    parent: list[int] = []
-    read_rows: list[int] = []
-    step_read: list[int] = []
-    step_token: list[int] = []
-    step_form: list[int] = []
-    form_group: list[int] = []
-    groups_per_item: list[int] = []
-    n_groups = 0
-    for item in items:
-        # 1. the suffix: a chain after the prefix
-        start = len(ids)
-        for j, token in enumerate(item.suffix_ids):
-            ids.append(token)
-            pos.append(prefix_len + j)
-            parent.append(start + j - 1 if j else -1)
-        root = len(ids) - 1
-        # 2. the label tree: one row per inner node, a child of the node one token shorter
-        node_row = {(): root}
-        for node in item.labels.inner_nodes:
-            node_row[node] = len(ids)
-            ids.append(node[-1])
-            pos.append(prefix_len + len(item.suffix_ids) + len(node) - 1)
-            parent.append(node_row[node[:-1]])
-        # 3. the read plan: each label token is read at the row of the node before it
-        read_index = {}
-        for row in node_row.values():
-            read_index[row] = len(read_rows)
-            read_rows.append(row)
-        for group in item.labels.groups:
-            for form in group:
-                for s, token in enumerate(form):
-                    step_read.append(read_index[node_row[form[:s]]])
-                    step_token.append(token)
-                    step_form.append(len(form_group))
-                form_group.append(n_groups)
-            n_groups += 1
-        groups_per_item.append(len(item.labels.groups))
-    as_array = lambda values: np.asarray(values, dtype=np.int64)  # noqa: E731
+    for item, layout in zip(items, layouts):
+        ids.extend(item.suffix_ids)
+        ids.extend(layout.label_ids.tolist())
+    rows = [len(layout.parent) for layout in layouts]
+    reads = [len(layout.read_rows) for layout in layouts]
+    steps = [len(layout.step_read) for layout in layouts]
+    forms = [len(layout.form_group) for layout in layouts]
+    groups = [layout.groups for layout in layouts]
+    starts = lambda sizes: np.cumsum([0, *sizes[:-1]]).tolist()  # noqa: E731
+    cat = lambda name: np.concatenate([getattr(layout, name) for layout in layouts] or [np.zeros(0, np.int64)])  # noqa: E731
+    parent = cat("parent")
+    parent = np.where(parent >= 0, parent + _offsets(rows, starts(rows)), -1)
     return PackedBatch(
         prefix_len,
-        as_array(ids),
-        as_array(pos),
-        as_array(parent),
-        as_array(read_rows),
-        as_array(step_read),
-        as_array(step_token),
-        as_array(step_form),
-        as_array(form_group),
-        groups_per_item,
+        np.asarray(ids, dtype=np.int64),
+        cat("position") + prefix_len,
+        parent,
+        cat("read_rows") + _offsets(reads, starts(rows)),
+        cat("step_read") + _offsets(steps, starts(reads)),
+        cat("step_token"),
+        cat("step_form") + _offsets(steps, starts(forms)),
+        cat("form_group") + _offsets(forms, starts(groups)),
+        groups,
+        tuple(layout.visibility for layout in layouts),
     )
