@@ -7,7 +7,7 @@ import torch
 
 from typedlm.attention import attend_ranges, attend_with_lse
 from typedlm.engine import Engine
-from typedlm.graphs import Shape, bucket
+from typedlm.graphs import Shape, _Slot, bucket
 from typedlm.labels import LabelSet
 from typedlm.packing import PackedItem, pack
 
@@ -31,6 +31,22 @@ def test_shapes_are_shared_by_similar_requests():
     a = Shape.of(1200, pack(1300, items(30, 20)))
     b = Shape.of(1250, pack(1350, items(31, 20)))
     assert a == b
+
+
+def test_a_reused_slot_holds_only_the_latest_request():
+    big, small = pack(40, items(12, 9)), pack(30, items(9, 8))
+    shape = Shape.of(20, big)  # the small request fits it in every dimension
+    reused, fresh = _Slot(shape, torch.device("cpu")), _Slot(shape, torch.device("cpu"))
+    reused.fill(list(range(20)), big, 20)
+    reused.fill(list(range(18)), small, 12)
+    fresh.fill(list(range(18)), small, 12)
+    assert (reused.host == fresh.host).all() and torch.equal(reused.arena, fresh.arena)
+    # padding segment slots see only themselves; real ones see their item's rows
+    own_mask = fresh.host_field("own_mask").reshape(shape.segments, shape.width, shape.width)
+    assert (own_mask[len(small.segments) :] == torch.eye(shape.width, dtype=torch.int64).numpy()).all()
+    blocks = small.segment_visibility()  # [G, S, S]
+    g, s = blocks.shape[:2]
+    assert (own_mask[:g, :s, :s].astype(bool) == blocks).all()
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -95,13 +95,17 @@ class _Slot:
     def __init__(self, shape: Shape, device: torch.device):
         self.shape = shape
         sizes = shape.fields
-        self.host = np.zeros(sum(sizes.values()), dtype=np.int64)
-        self.arena = torch.zeros(len(self.host), dtype=torch.int64, device=device)
         self.views: dict[str, tuple[int, int]] = {}
         offset = 0
         for name, size in sizes.items():
             self.views[name] = (offset, offset + size)
             offset += size
+        # what every request starts from: zeros, and padding segment slots that see only themselves
+        self.blank = np.zeros(offset, dtype=np.int64)
+        lo, hi = self.views["own_mask"]
+        self.blank[lo:hi].reshape(shape.segments, shape.width, shape.width)[:] = np.eye(shape.width, dtype=np.int64)
+        self.host = self.blank.copy()
+        self.arena = torch.zeros(len(self.host), dtype=torch.int64, device=device)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.out: torch.Tensor | None = None
 
@@ -116,7 +120,7 @@ class _Slot:
     def fill(self, ids: Sequence[int], batch: PackedBatch, cached: int) -> None:
         """Write one request into the host arena and copy it to the device in one transfer."""
         shape, t, n = self.shape, len(ids), batch.n_rows
-        self.host[:] = 0
+        self.host[:] = self.blank
         tb = shape.doc_rows
         input_ids, positions = self.host_field("input_ids"), self.host_field("position_ids")
         input_ids[:t] = ids
@@ -131,7 +135,6 @@ class _Slot:
         own_rows = self.host_field("own_rows").reshape(shape.segments, shape.width)
         own_rows[:g, :s] = index
         own_mask = self.host_field("own_mask").reshape(shape.segments, shape.width, shape.width)
-        own_mask[:] = np.eye(shape.width, dtype=np.int64)
         own_mask[:g, :s, :s] = batch.segment_visibility()
         row_slot = self.host_field("row_slot")
         row_slot[index[valid]] = (np.arange(g)[:, None] * shape.width + np.arange(s)[None])[valid]
