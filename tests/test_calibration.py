@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from typedlm.calibration import (
+    FLOOR,
     CalibrationFile,
     calibrate_read,
     combine,
@@ -27,6 +28,22 @@ def test_contextual_divides_out_the_prior():
     got = contextual([0.3, 0.15, 0.05], [0.2, 0.1, 0.1])
     assert got == pytest.approx(np.array([1.2, 1.2, 0.4]) / 2.8)
     assert contextual([0.2, 0.8], [0.2, 0.8]) == pytest.approx([0.5, 0.5])  # pure prior → uniform
+
+
+def test_contextual_is_the_array_formula_to_the_last_bit():
+    rng = np.random.default_rng(0)
+    for n in (2, 3, 6, 26):
+        for _ in range(200):
+            masses, prior = (rng.choice([0.0, 1e-300, 1e-13, 1e-6, 0.5, 1.0], n) * rng.random(n) for _ in range(2))
+            want = normalised(normalised(masses) / np.maximum(normalised(prior), FLOOR))  # the plain formula
+            got = contextual(masses.tolist(), prior.tolist())
+            assert got.dtype == np.float64 and got.tobytes() == want.tobytes()
+
+
+def test_combining_one_read_returns_it():
+    read = normalised([0.2, 0.5, 0.3])
+    mean, stderr, agreement = combine([read])
+    assert mean.tobytes() == np.stack([read]).mean(axis=0).tobytes() and (stderr, agreement) == (0.0, 1.0)
 
 
 def test_platt_and_temperature_by_hand():

@@ -57,7 +57,9 @@ def normalised(masses: Sequence[float]) -> np.ndarray:
 
 def contextual(masses: Sequence[float], prior: Sequence[float]) -> np.ndarray:
     """Masses with the content-free label prior divided out, normalised."""
-    return normalised(normalised(masses) / np.maximum(normalised(prior), FLOOR))
+    # in plain floats: a handful of labels, where numpy's per-call overhead outweighs the arithmetic
+    ratios = [p / max(q, FLOOR) for p, q in zip(normalise(masses)[0], normalise(prior)[0], strict=True)]
+    return normalised(np.asarray(ratios, dtype=np.float64))  # an array: summed in order, as before
 
 
 def platt(probs: np.ndarray, a: float, b: float) -> np.ndarray:
@@ -175,6 +177,8 @@ def calibrate_read(
 
 def combine(reads: Sequence[np.ndarray]) -> tuple[np.ndarray, float, float]:
     """(mean probabilities, stderr of the chosen answer's probability, share of reads agreeing on it)."""
+    if len(reads) == 1:  # the mean of one read is that read
+        return np.asarray(reads[0], dtype=np.float64), 0.0, 1.0
     stacked = np.stack(reads)  # [k, n]
     mean = stacked.mean(axis=0)
     top = int(mean.argmax())

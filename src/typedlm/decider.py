@@ -261,7 +261,7 @@ class Decider:
             for i, m in enumerate(reads.masses)
         ]
         probs, stderr, agreement = combine(each)
-        probs = [float(p) for p in probs]
+        probs = probs.tolist()
         raw_mass = sum(normalise(m)[1] for m in reads.masses) / len(reads.masses)
         extras = {"stderr": stderr, "agreement": agreement, "reads": len(each)} if len(each) > 1 else {}
         if isinstance(question, NoulQuestion):

@@ -73,7 +73,7 @@ class LabelSet:
         nodes = {form[:k] for forms in self.groups for form in forms for k in range(1, len(form))}
         return tuple(sorted(nodes, key=lambda node: (len(node), node)))
 
-    @property
+    @cached_property
     def max_depth(self) -> int:
         return max(len(form) for forms in self.groups for form in forms)
 
