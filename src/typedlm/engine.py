@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -238,8 +239,8 @@ class Engine:
         group_mass = torch.zeros(sum(batch.groups_per_item), dtype=torch.float64).index_add_(
             0, torch.from_numpy(batch.form_group), form_logp.exp()
         )  # [G]
-        per_item = group_mass.split(batch.groups_per_item)
-        return [chunk.tolist() for chunk in per_item]
+        masses, ends = group_mass.tolist(), itertools.accumulate(batch.groups_per_item)
+        return [masses[end - n : end] for n, end in zip(batch.groups_per_item, ends)]
 
     def _log_softmax_head(self, hidden: torch.Tensor) -> torch.Tensor:
         # hidden: [R, D] -> logits: [R, V], float32

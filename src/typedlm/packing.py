@@ -63,8 +63,8 @@ class PackedBatch:
 
     def segment_visibility(self) -> np.ndarray:
         """[G, S, S] bool, S = the longest item: local row i of item g may attend its local row j."""
-        index, _ = self.segment_index()
-        visible = np.zeros((*index.shape, index.shape[1]), dtype=bool)
+        width = max((len(block) for block in self.item_visibility), default=0)
+        visible = np.zeros((len(self.item_visibility), width, width), dtype=bool)
         for g, block in enumerate(self.item_visibility):  # padding rows see nothing
             visible[g, : len(block), : len(block)] = block
         return visible
@@ -104,7 +104,7 @@ class _Layout:
     """One item's rows laid out alone, everything but its suffix tokens: rows count from the item's first row,
     read rows, forms and groups from its first. Depends only on the suffix length and the label set."""
 
-    label_ids: np.ndarray  # [n] token of each label-tree row (after the suffix rows)
+    label_ids: tuple[int, ...]  # token of each label-tree row (after the suffix rows)
     position: np.ndarray  # [L + n] position after the prefix
     parent: np.ndarray  # [L + n] parent row, -1 = attaches to the prefix
     read_rows: np.ndarray  # [r]
@@ -142,18 +142,10 @@ def _layout(suffix_len: int, labels: LabelSet) -> _Layout:
         if up >= 0:
             visible[row] = visible[up]
         visible[row, row] = True
-    arrays = [
-        _frozen([node[-1] for node in labels.inner_nodes]),
-        _frozen(pos),
-        _frozen(parent),
-        _frozen(list(node_row.values())),
-        _frozen(step_read),
-        _frozen(step_token),
-        _frozen(step_form),
-        _frozen(form_group),
-    ]
     visible.flags.writeable = False
-    return _Layout(*arrays, len(labels.groups), visible)
+    arrays = (pos, parent, list(node_row.values()), step_read, step_token, step_form, form_group)
+    label_ids = tuple(node[-1] for node in labels.inner_nodes)
+    return _Layout(label_ids, *map(_frozen, arrays), len(labels.groups), visible)
 
 
 def _frozen(values: list[int]) -> np.ndarray:
@@ -162,37 +154,38 @@ def _frozen(values: list[int]) -> np.ndarray:
     return array
 
 
-def _offsets(sizes: list[int], values: list[int]) -> np.ndarray:
-    """Each of `values` (one per item) repeated `sizes` times: what to add to the items' local indices."""
-    return np.repeat(np.asarray(values, dtype=np.int64), sizes)
-
-
 def pack(prefix_len: int, items: Sequence[PackedItem]) -> PackedBatch:
     """Lay out every item's suffix and label tree after a prefix of `prefix_len` tokens."""
     layouts = [_layout(len(item.suffix_ids), item.labels) for item in items]
     ids: list[int] = []
     for item, layout in zip(items, layouts):
         ids.extend(item.suffix_ids)
-        ids.extend(layout.label_ids.tolist())
+        ids.extend(layout.label_ids)
     rows = [len(layout.parent) for layout in layouts]
     reads = [len(layout.read_rows) for layout in layouts]
     steps = [len(layout.step_read) for layout in layouts]
     forms = [len(layout.form_group) for layout in layouts]
     groups = [layout.groups for layout in layouts]
-    starts = lambda sizes: np.cumsum([0, *sizes[:-1]]).tolist()  # noqa: E731
-    cat = lambda name: np.concatenate([getattr(layout, name) for layout in layouts] or [np.zeros(0, np.int64)])  # noqa: E731
-    parent = cat("parent")
-    parent = np.where(parent >= 0, parent + _offsets(rows, starts(rows)), -1)
+
+    def joined(name: str) -> np.ndarray:  # the layouts' `name` arrays, one after another
+        return np.concatenate([getattr(layout, name) for layout in layouts] or [np.zeros(0, np.int64)])
+
+    def shifted(name: str, sizes: list[int], counts: list[int]) -> np.ndarray:
+        """Joined local indices, each item's moved past the `counts` (rows, reads, ...) of the items before it."""
+        before = np.cumsum(counts, dtype=np.int64) - counts  # [items]
+        return joined(name) + np.repeat(before, sizes)
+
+    parent = joined("parent")
     return PackedBatch(
         prefix_len,
         np.asarray(ids, dtype=np.int64),
-        cat("position") + prefix_len,
-        parent,
-        cat("read_rows") + _offsets(reads, starts(rows)),
-        cat("step_read") + _offsets(steps, starts(reads)),
-        cat("step_token"),
-        cat("step_form") + _offsets(steps, starts(forms)),
-        cat("form_group") + _offsets(forms, starts(groups)),
+        joined("position") + prefix_len,
+        np.where(parent >= 0, shifted("parent", rows, rows), -1),
+        shifted("read_rows", reads, rows),
+        shifted("step_read", steps, reads),
+        joined("step_token"),
+        shifted("step_form", steps, forms),
+        shifted("form_group", forms, groups),
         groups,
         tuple(layout.visibility for layout in layouts),
     )
