@@ -11,7 +11,8 @@ memory. So a request's forward is made static:
 - keys and values go to one preallocated buffer `kv` [L, 2, C, Hkv, D]: the cached prefix at [0, p), this
   forward's document rows written after it. The buffer remembers which prefixes it holds, so the pinned
   system prompt is copied in once, not per request;
-- all integer inputs of a request travel in one host→device copy (an int64 arena with a view per field).
+- all integer inputs of a request travel in one host→device copy (an int64 arena with a view per field; the
+  segments' visibility packed as bits, 64 per word, unpacked on the device).
 
 Without CUDA (or with `capture=False`) the same static forward runs eagerly; tests check it against the
 dynamic path on CPU. The answers equal the dynamic path's up to floating-point summation order.
@@ -81,7 +82,7 @@ class Shape:
             "write_slots": self.doc_rows,
             "cu": 6,  # cu_doc, cu_keys, cu_packed
             "own_rows": g * s,
-            "own_mask": g * s * s,
+            "own_mask": g * s * s // 64,  # bits, 64 per word (the width is a multiple of 8)
             "row_slot": self.packed_rows,
             "read_rows": self.read_rows,
             "step_read": self.steps,
@@ -101,10 +102,8 @@ class _Slot:
             self.views[name] = (offset, offset + size)
             offset += size
         # what every request starts from: zeros, and padding segment slots that see only themselves
-        self.blank = np.zeros(offset, dtype=np.int64)
-        lo, hi = self.views["own_mask"]
-        self.blank[lo:hi].reshape(shape.segments, shape.width, shape.width)[:] = np.eye(shape.width, dtype=np.int64)
-        self.host = self.blank.copy()
+        self.blank_mask = np.broadcast_to(np.eye(shape.width, dtype=bool), (shape.segments, shape.width, shape.width))
+        self.host = np.zeros(offset, dtype=np.int64)
         self.arena = torch.zeros(len(self.host), dtype=torch.int64, device=device)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.out: torch.Tensor | None = None
@@ -120,7 +119,7 @@ class _Slot:
     def fill(self, ids: Sequence[int], batch: PackedBatch, cached: int) -> None:
         """Write one request into the host arena and copy it to the device in one transfer."""
         shape, t, n = self.shape, len(ids), batch.n_rows
-        self.host[:] = self.blank
+        self.host[:] = 0
         tb = shape.doc_rows
         input_ids, positions = self.host_field("input_ids"), self.host_field("position_ids")
         input_ids[:t] = ids
@@ -134,8 +133,9 @@ class _Slot:
         g, s = index.shape
         own_rows = self.host_field("own_rows").reshape(shape.segments, shape.width)
         own_rows[:g, :s] = index
-        own_mask = self.host_field("own_mask").reshape(shape.segments, shape.width, shape.width)
+        own_mask = self.blank_mask.copy()  # [G, S, S] bool
         own_mask[:g, :s, :s] = batch.segment_visibility()
+        self.host_field("own_mask")[:] = np.packbits(own_mask, axis=None, bitorder="little").view(np.int64)
         row_slot = self.host_field("row_slot")
         row_slot[index[valid]] = (np.arange(g)[:, None] * shape.width + np.arange(s)[None])[valid]
         self.host_field("read_rows")[: len(batch.read_rows)] = batch.read_rows
@@ -164,6 +164,7 @@ class StaticRunner:
         self.held: list = []  # prefixes whose keys/values the buffer holds at [0, length)
         self.slots: OrderedDict[Shape, _Slot] = OrderedDict()
         self.pool = torch.cuda.graph_pool_handle() if capture else None
+        self.bit_shifts = torch.arange(8, dtype=torch.uint8, device=self.device)  # unpacks own_mask's bytes
 
     def _ensure_capacity(self, tokens: int) -> None:
         if self.kv is not None and self.kv.shape[2] >= tokens:
@@ -188,7 +189,8 @@ class StaticRunner:
     def _forward(self, slot: _Slot) -> torch.Tensor:
         shape, f = slot.shape, slot.field
         cu = f("cu").to(torch.int32)
-        own_mask = f("own_mask").bool().view(shape.segments, 1, shape.width, shape.width)  # [G, 1, S, S]
+        bits = f("own_mask").view(torch.uint8)[:, None] >> self.bit_shifts  # [G·S·S / 8, 8]: lowest bit first
+        own_mask = (bits & 1).bool().view(shape.segments, 1, shape.width, shape.width)  # [G, 1, S, S]
         own_mask = own_mask.repeat(1, 1, self.heads // self.kv_heads, 1)  # [G, 1, groups·S, S]
         plan = StaticPlan(
             kv=self.kv,
