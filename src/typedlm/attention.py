@@ -109,9 +109,10 @@ def attend_with_lse(
     mask: torch.Tensor | None = None,
     bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Softmax attention and its log-sum-exp. q: [B, H, L, D], k/v: [B, H, K, D], mask: [B, 1|H, L, K] bool.
+    """Softmax attention and its log-sum-exp. q: [B, H, L, D], k/v: [B, H|Hkv, K, D], mask: [B, 1|H, L, K] bool.
 
-    `bias`, if given, is `additive(mask, q.dtype)` made once by the caller (a forward's layers share it).
+    Grouped keys and values (Hkv < H) serve H / Hkv query heads each, in order. `bias`, if given, is
+    `additive(mask, q.dtype)` made once by the caller (a forward's layers share it).
     Returns out [B, H, L, D] and lse [B, H, L] (float32).
     """
     if mask is not None and bias is None:
@@ -124,8 +125,9 @@ def attend_with_lse(
                 q, k, v, 0.0, causal, attn_mask=bias, scale=scale
             )
             return out, lse.float()
-        except (RuntimeError, TypeError):  # an older kernel without masks: the plain computation below
+        except (RuntimeError, TypeError):  # an older kernel without masks or groups: the plain computation below
             pass
+    k, v = _expand_kv(k, q.shape[1]), _expand_kv(v, q.shape[1])
     if q.device.type == "cuda":
         try:
             if mask is None and q.dtype in (torch.float16, torch.bfloat16):
@@ -257,8 +259,7 @@ def cascade_attention(
     scale = scaling if scaling is not None else dim**-0.5
     p, t = plan.prefix_len, plan.state_rows
     assert key.shape[0] == 1 and key.shape[2] == p + rows, "the cache must hold the prefix and these rows"
-    key, value = _expand_kv(key, heads), _expand_kv(value, heads)
-    parts = []
+    parts = []  # keys and values stay grouped: the kernels take them so (or expand them themselves)
     if t:  # document rows: themselves causally, then the cached prefix
         out, lse = attend_with_lse(query[:, :, :t], key[:, :, p : p + t], value[:, :, p : p + t], scale, causal=True)
         if p:
