@@ -68,13 +68,16 @@ def test_kernels_for_another_device_change_nothing(ids):
     assert report.norms == report.mlps == 0 and not report.rope and report.kept
 
 
-def test_fusing_twice_wraps_the_rotary_once(ids):
+def test_fusing_twice_swaps_once(ids):
     model = tiny_model("qwen3", 256)
     modeling = sys.modules[type(model.model.layers[0].self_attn).__module__]
     original = modeling.apply_rotary_pos_emb
     try:
-        fuse(model, reference_ops())
-        fuse(model, reference_ops())
+        first = fuse(model, reference_ops())
+        norm_forward = model.model.norm.forward
+        second = fuse(model, reference_ops())  # a second engine over the same model
+        assert (second.norms, second.mlps, second.rope) == (first.norms, first.mlps, first.rope)
+        assert model.model.norm.forward is norm_forward  # swapped once, not wrapped again
         assert modeling.apply_rotary_pos_emb.__wrapped__ is original
     finally:
         unfuse_rope(model)

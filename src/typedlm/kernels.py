@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import torch
 
 PROBE_ROWS = 8  # rows of the random inputs a candidate is checked on
-_WRAPPED = "_typedlm_fused"  # marks a rotary function already wrapped
+_WRAPPED = "_typedlm_fused"  # marks a forward or rotary function already swapped (its value: the ops' name)
 
 
 @dataclass(frozen=True)
@@ -115,7 +115,9 @@ def agrees(got: torch.Tensor, want: torch.Tensor) -> bool:
     return got.shape == want.shape and bool((got.float() - want.float()).abs().max().item() <= tolerance * scale)
 
 
-def _norm_forward(module: torch.nn.Module, original: Callable, ops: FusedOps, eps: float) -> Callable:
+def _norm_forward(module: torch.nn.Module, original: Callable, ops: FusedOps) -> Callable:
+    eps = _norm_eps(module)
+
     def forward(x: torch.Tensor) -> torch.Tensor:
         return ops.rms_norm(x, module.weight, eps) if ops.runs_on(x) else original(x)
 
@@ -136,50 +138,81 @@ def _probe(shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
     return torch.randn(shape, generator=generator, device=like.device).to(like.dtype)
 
 
-def _fuse_norms(model: torch.nn.Module, ops: FusedOps, report: FusionReport) -> None:
-    verdict: dict[type, bool] = {}  # per class: checked on its first instance
-    for module in model.modules():
-        eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
-        weight = getattr(module, "weight", None)
-        if not type(module).__name__.endswith("RMSNorm") or eps is None or weight is None or weight.dim() != 1:
-            continue
-        kind, original = type(module), module.forward
-        if kind not in verdict:
-            x = _probe((PROBE_ROWS, weight.shape[0]), weight)
-            verdict[kind] = agrees(ops.rms_norm(x, weight, eps), original(x))
-            if not verdict[kind]:
-                report.kept.append(kind.__name__)
-        if verdict[kind]:
-            module.forward = _norm_forward(module, original, ops, eps)
-            report.norms += 1
+def _norm_eps(module: torch.nn.Module) -> float | None:
+    return getattr(module, "variance_epsilon", getattr(module, "eps", None))
 
 
-def _fuse_mlps(model: torch.nn.Module, ops: FusedOps, report: FusionReport) -> None:
+def _is_rms_norm(module: torch.nn.Module) -> bool:
+    weight = getattr(module, "weight", None)
+    return (
+        type(module).__name__.endswith("RMSNorm")
+        and _norm_eps(module) is not None
+        and weight is not None
+        and weight.dim() == 1
+    )
+
+
+def _is_gated_mlp(module: torch.nn.Module) -> bool:
+    return all(hasattr(module, name) for name in ("gate_proj", "up_proj", "down_proj"))
+
+
+def _norm_agrees(module: torch.nn.Module, ops: FusedOps) -> bool:
+    x = _probe((PROBE_ROWS, module.weight.shape[0]), module.weight)
+    return agrees(ops.rms_norm(x, module.weight, _norm_eps(module)), module.forward(x))
+
+
+def _mlp_agrees(module: torch.nn.Module, ops: FusedOps) -> bool:
+    x = _probe((PROBE_ROWS, module.gate_proj.in_features), module.gate_proj.weight)
+    return agrees(module.down_proj(ops.silu_mul(module.gate_proj(x), module.up_proj(x))), module.forward(x))
+
+
+def _swap_forwards(
+    model: torch.nn.Module,
+    ops: FusedOps,
+    report: FusionReport,
+    applies: Callable[[torch.nn.Module], bool],
+    check: Callable[[torch.nn.Module, FusedOps], bool],
+    fused_forward: Callable[[torch.nn.Module, Callable, FusedOps], Callable],
+) -> int:
+    """Swap the forward of every module `applies` to whose class `check` passes (on its first instance).
+
+    Returns how many modules run `ops` now; those an earlier `fuse` swapped are neither checked nor wrapped again.
+    """
     verdict: dict[type, bool] = {}
+    swapped = 0
     for module in model.modules():
-        if not all(hasattr(module, name) for name in ("gate_proj", "up_proj", "down_proj")):
+        if not applies(module):
             continue
-        kind, original = type(module), module.forward
+        if getattr(module.forward, _WRAPPED, None) == ops.name:
+            swapped += 1
+            continue
+        kind = type(module)
         if kind not in verdict:
-            x = _probe((PROBE_ROWS, module.gate_proj.in_features), module.gate_proj.weight)
-            fused = module.down_proj(ops.silu_mul(module.gate_proj(x), module.up_proj(x)))
-            verdict[kind] = agrees(fused, original(x))
+            verdict[kind] = check(module, ops)
             if not verdict[kind]:
                 report.kept.append(kind.__name__)
         if verdict[kind]:
-            module.forward = _mlp_forward(module, original, ops)
-            report.mlps += 1
+            forward = fused_forward(module, module.forward, ops)
+            setattr(forward, _WRAPPED, ops.name)
+            module.forward = forward
+            swapped += 1
+    return swapped
+
+
+def _modeling_module(model: torch.nn.Module):
+    """The Python module of the model's attention class: where its family's `apply_rotary_pos_emb` lives."""
+    attention = next((m for m in model.modules() if hasattr(m, "q_proj") and hasattr(m, "k_proj")), None)
+    return sys.modules.get(type(attention).__module__) if attention is not None else None
 
 
 def _fuse_rope(model: torch.nn.Module, ops: FusedOps, report: FusionReport) -> None:
     config = model.config.get_text_config()
-    attention = next((m for m in model.modules() if hasattr(m, "q_proj") and hasattr(m, "k_proj")), None)
-    modeling = sys.modules.get(type(attention).__module__) if attention is not None else None
+    modeling = _modeling_module(model)
     original = getattr(modeling, "apply_rotary_pos_emb", None)
     if original is None:
         report.kept.append("rotary (no apply_rotary_pos_emb)")
         return
-    if getattr(original, _WRAPPED, None) is ops.name:
+    if getattr(original, _WRAPPED, None) == ops.name:
         report.rope = True
         return
     original = getattr(original, "__wrapped__", original)
@@ -214,16 +247,15 @@ def fuse(model: torch.nn.Module, ops: FusedOps) -> FusionReport:
     if not ops.runs_on(next(model.parameters())):
         report.kept.append(f"everything (these kernels need {ops.device_type})")
         return report
-    _fuse_norms(model, ops, report)
-    _fuse_mlps(model, ops, report)
+    report.norms = _swap_forwards(model, ops, report, _is_rms_norm, _norm_agrees, _norm_forward)
+    report.mlps = _swap_forwards(model, ops, report, _is_gated_mlp, _mlp_agrees, _mlp_forward)
     _fuse_rope(model, ops, report)
     return report
 
 
 def unfuse_rope(model: torch.nn.Module) -> None:
     """Restore the original rotary function of the model's family (tests)."""
-    attention = next((m for m in model.modules() if hasattr(m, "q_proj") and hasattr(m, "k_proj")), None)
-    modeling = sys.modules.get(type(attention).__module__) if attention is not None else None
+    modeling = _modeling_module(model)
     current = getattr(modeling, "apply_rotary_pos_emb", None)
     if current is not None and hasattr(current, "__wrapped__"):
         modeling.apply_rotary_pos_emb = current.__wrapped__
