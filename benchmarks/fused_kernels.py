@@ -1,12 +1,17 @@
-"""The model's own small kernels against the fused ones (kernels.py), side by side in one process, on CUDA.
+"""The model's own kernels against the fused ones, side by side in one process, on CUDA.
 
     python benchmarks/fused_kernels.py --random-qwen3-0.6b --tokenizer DIR
 
-A decider with the model's own kernels captures its CUDA graphs first; then a second decider swaps in the
-fused kernels and captures its own. Captured graphs keep the kernels they recorded, so both replay side by
-side on the same documents and questions (P ≈ 1266 tokens, Q noul questions). Reports, per Q, the median
-graph replay alone and the median whole request (`decide`, host work included), in alternating rounds, and
-how far the two deciders' answers differ. Ends with one JSON line.
+Three deciders over one model, each capturing its CUDA graphs in turn:
+
+- `own`: the model's own small operations, torch's attention kernels (cascade split and merged);
+- `fused`: norms, rotary and SwiGLU as liger-kernel's Triton kernels (kernels.py), torch's attention kernels;
+- `attention`: the same, and the attention as one Triton kernel per row kind (cascade_kernel.py).
+
+Captured graphs keep the kernels they recorded, so all three replay side by side on the same documents and
+questions (P ≈ 1266 tokens, Q noul questions). Reports, per Q, the median graph replay alone and the median
+whole request (`decide`, host work included), in alternating rounds, and how far each decider's answers are
+from `own`'s. Ends with one JSON line.
 """
 
 from __future__ import annotations
@@ -26,6 +31,12 @@ from latency import make_questions, make_state, random_qwen3_06b
 from typedlm.decider import Decider
 from typedlm.kernels import unfuse_rope
 from typedlm.models import load_model
+
+VARIANTS = {  # captured in this order: `own` before anything is swapped
+    "own": dict(fused_kernels=False),
+    "fused": dict(attention_kernel=False),
+    "attention": dict(attention_kernel=True),
+}
 
 
 def median_ms(fn, repeats: int) -> float:
@@ -55,48 +66,53 @@ def main() -> None:
     else:
         loaded = load_model(args.model, "cuda", args.dtype)
     unfuse_rope(loaded.model)
-    own = Decider(loaded, prefix_cache_bytes=0, calibration="raw", fused_kernels=False)
-    work = {}
-    for q in args.questions:  # the model's own kernels, captured before anything is swapped
-        questions = make_questions(q)
-        states = [make_state(own, args.prefix_tokens, v) for v in range(3)]
-        for state in states:
-            own.decide(state, questions)
-        work[q] = (questions, states, next(reversed(own.engine.runner.slots.values())))
-    fused = Decider(loaded, prefix_cache_bytes=0, calibration="raw")
-    assert fused.engine.fusion is not None, "liger-kernel is not installed: pip install 'typedlm[cuda]'"
-    print(f"{fused.engine.fusion}")
+    deciders, slots, work = {}, {}, {}
+    for name, options in VARIANTS.items():
+        decider = deciders[name] = Decider(loaded, prefix_cache_bytes=0, calibration="raw", **options)
+        print(f"{name}: {decider.engine.fusion or 'the model own kernels'}")
+        for q in args.questions:
+            questions = work.setdefault(q, make_questions(q))
+            states = [make_state(decider, args.prefix_tokens, v) for v in range(3)]
+            for state in states:
+                decider.decide(state, questions)
+            slots[name, q] = next(reversed(decider.engine.runner.slots.values()))
+    assert deciders["fused"].engine.fusion is not None, "liger-kernel is not installed: pip install 'typedlm[cuda]'"
     rows = []
-    for q, (questions, states, own_slot) in work.items():
-        for state in states:
-            fused.decide(state, questions)
-        fused_slot = next(reversed(fused.engine.runner.slots.values()))
-        a, b = own.decide(states[0], questions).answers, fused.decide(states[0], questions).answers
-        diff = max(abs(a[k].p_yes - b[k].p_yes) for k in a)
+    for q, questions in work.items():
+        states = [make_state(deciders["own"], args.prefix_tokens, v) for v in range(3)]
+        reference = deciders["own"].decide(states[0], questions).answers
+        row: dict = {"questions": q}
         turn = iter(range(1 << 30))
-        times: dict[str, list[float]] = {"own_replay": [], "fused_replay": [], "own_decide": [], "fused_decide": []}
+        times: dict[str, list[float]] = {}
         for _ in range(args.rounds):
-            times["own_replay"].append(median_ms(own_slot.graph.replay, args.repeats))
-            times["fused_replay"].append(median_ms(fused_slot.graph.replay, args.repeats))
-            for name, decider in (("own_decide", own), ("fused_decide", fused)):
+            for name, decider in deciders.items():
+                times.setdefault(f"{name}_replay", []).append(median_ms(slots[name, q].graph.replay, args.repeats))
                 ms = median_ms(
                     lambda d=decider, s=states, qs=questions, t=turn: d.decide(s[next(t) % 3], qs), args.repeats
                 )
-                times[name].append(ms)
-        row = {"questions": q, **{k: round(statistics.median(v), 2) for k, v in times.items()}}
-        row["max_p_yes_difference"] = round(diff, 4)
+                times.setdefault(f"{name}_decide", []).append(ms)
+        row.update({k: round(statistics.median(v), 2) for k, v in times.items()})
+        for name, decider in deciders.items():
+            answers = decider.decide(states[0], questions).answers
+            row[f"{name}_max_p_yes_difference"] = round(
+                max(abs(answers[k].p_yes - reference[k].p_yes) for k in answers), 4
+            )
         rows.append(row)
         print(
-            f"Q={q:>3}  replay own {row['own_replay']:6.2f} ms  fused {row['fused_replay']:6.2f} ms   "
-            f"decide own {row['own_decide']:6.2f} ms  fused {row['fused_decide']:6.2f} ms   max |Δp| {diff:.4f}"
+            f"Q={q:>3}  replay "
+            + "  ".join(f"{name} {row[f'{name}_replay']:6.2f}" for name in deciders)
+            + " ms   decide "
+            + "  ".join(f"{name} {row[f'{name}_decide']:6.2f}" for name in deciders)
+            + " ms   max |Δp| vs own "
+            + "  ".join(f"{row[f'{name}_max_p_yes_difference']:.4f}" for name in deciders)
         )
     report = {
         "benchmark": "fused_kernels",
         "device": torch.cuda.get_device_name(),
-        "model": fused.name,
+        "model": deciders["own"].name,
         "dtype": args.dtype,
         "torch": torch.__version__,
-        "fused_kernels": str(fused.engine.fusion),
+        "fused_kernels": str(deciders["fused"].engine.fusion),
         "rounds": args.rounds,
         "repeats": args.repeats,
         "rows": rows,

@@ -15,11 +15,14 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, Gemma3TextConfig, LlamaConfig, Qwen3Config
 
+from typedlm.attention import kernel_available
 from typedlm.decider import Decider
 from typedlm.labels import LabelSet
 from typedlm.models import LoadedModel, converted_gguf, embedded_gguf_path, load_model
 
 FAMILIES = ("qwen3", "llama", "gemma3")
+
+needs_triton = pytest.mark.skipif(not kernel_available(), reason="Triton is not installed")
 
 
 @pytest.fixture(scope="session")

@@ -118,3 +118,19 @@ def test_fused_kernels_agree_with_the_models_own(dtype, tokenizer):
     assert abs(want["n"].p_yes - got["n"].p_yes) < tol
     assert list(want["s"].probabilities) == pytest.approx(list(got["s"].probabilities), abs=tol)
     assert list(want["c"].probabilities.values()) == pytest.approx(list(got["c"].probabilities.values()), abs=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_attention_kernel_equals_torch_kernels(dtype, tokenizer):
+    pytest.importorskip("triton")
+    model = tiny_model("qwen3", len(tokenizer)).cuda().to(dtype)
+    loaded = LoadedModel(model, tokenizer, "tiny")
+    kernel = Decider(loaded, prefix_cache_bytes=0, calibration="raw", attention_kernel=True)
+    torch_kernels = Decider(loaded, prefix_cache_bytes=0, calibration="raw", attention_kernel=False)
+    assert kernel.engine.runner.attention_kernel and not torch_kernels.engine.runner.attention_kernel
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    for state in ["The parcel is late and the customer is upset.", "A short one."] * 2:  # then replayed
+        want, got = torch_kernels.decide(state, QUESTIONS).answers, kernel.decide(state, QUESTIONS).answers
+        assert abs(want["n"].p_yes - got["n"].p_yes) < tol
+        assert list(want["s"].probabilities) == pytest.approx(list(got["s"].probabilities), abs=tol)
+        assert list(want["c"].probabilities.values()) == pytest.approx(list(got["c"].probabilities.values()), abs=tol)

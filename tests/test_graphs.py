@@ -12,8 +12,9 @@ from typedlm.graphs import Shape, _Slot, bucket
 from typedlm.labels import LabelSet
 from typedlm.packing import PackedItem, pack
 
-from .conftest import tiny_model
+from .conftest import needs_triton, tiny_model
 
+on_cpu = pytest.mark.skipif(torch.cuda.is_available(), reason="Triton runs CPU tensors only in its interpreter")
 LABELS = LabelSet.build([[(5, 7)], [(5, 8)], [(9,)], [(10,), (11,)]])
 
 
@@ -67,10 +68,18 @@ def test_ranges_attention_equals_the_masked_computation(causal):
     assert torch.allclose(lse[:9], want_lse[0].T, atol=1e-6)
 
 
-@pytest.mark.parametrize("family", ["qwen3", "llama"])
-def test_static_run_equals_the_dynamic_run(family, tokenizer):
+@pytest.mark.parametrize(
+    "family, kernel",
+    [
+        ("qwen3", False),
+        ("llama", False),
+        pytest.param("qwen3", True, marks=[needs_triton, on_cpu]),
+        pytest.param("llama", True, marks=[needs_triton, on_cpu]),
+    ],
+)
+def test_static_run_equals_the_dynamic_run(family, kernel, tokenizer):
     model = tiny_model(family, len(tokenizer), seed=3)
-    dynamic, static = Engine(model), Engine(model, static=True)
+    dynamic, static = Engine(model), Engine(model, static=True, attention_kernel=kernel)
     assert static.runner is not None and dynamic.runner is None
     system = dynamic.snapshot(*dynamic.prefill([11, 23, 45, 67, 89]))
     requests = [

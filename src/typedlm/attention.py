@@ -69,6 +69,10 @@ class StaticPlan:
       slot j (padding slots see themselves only), repeated for the `groups` query heads that share a key/value
       head; `own_bias` the same as `additive` in the model's dtype; `row_slot` [N]: each packed row's flat
       slot g·S + s.
+    - `segments` [G, 2] (first packed row, rows) of each segment, set when the attention runs as one kernel
+      per row kind (`cascade_kernel`, CUDA): `own_mask` is then [G, S, S] and `cu` the int32 (0, t, 0, p + t,
+      0, packed rows) whose slices are `cu_doc`, `cu_keys`, `cu_packed`; `own_rows`, `own_bias` and
+      `row_slot` are unused.
     """
 
     kv: torch.Tensor
@@ -79,8 +83,19 @@ class StaticPlan:
     cu_packed: torch.Tensor
     own_rows: torch.Tensor
     own_mask: torch.Tensor
-    own_bias: torch.Tensor
+    own_bias: torch.Tensor | None
     row_slot: torch.Tensor
+    segments: torch.Tensor | None = None
+    cu: torch.Tensor | None = None
+
+
+def kernel_available() -> bool:
+    """Whether `cascade_kernel` (Triton) can be imported here."""
+    try:
+        from typedlm import cascade_kernel  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _merge(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor) -> torch.Tensor:
@@ -210,10 +225,16 @@ def _static_cascade(module: torch.nn.Module, query, key, value, plan: StaticPlan
     kbuf, vbuf = plan.kv[module.layer_idx, 0], plan.kv[module.layer_idx, 1]  # [C, Hkv, D]
     q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # [R, H|Hkv, D]
     tb, heads, dim = plan.doc_rows, q.shape[1], q.shape[2]
-    parts = []
     if tb:  # document rows: stored, then over the cached prefix and themselves, causally
         kbuf.index_copy_(0, plan.write_slots, k[:tb])
         vbuf.index_copy_(0, plan.write_slots, v[:tb])
+    if plan.segments is not None:  # every row in one kernel per row kind
+        from typedlm import cascade_kernel
+
+        out = cascade_kernel.cascade_attention(q, k, v, kbuf, vbuf, plan.cu, plan.segments, plan.own_mask, tb, scale)
+        return out[None]
+    parts = []
+    if tb:
         out, _ = attend_ranges(q[:tb].contiguous(), kbuf, vbuf, plan.cu_doc, plan.cu_keys, scale, causal=True)
         parts.append(out)  # padding rows hold anything: no real row reads them, their keys lie past cu_keys
     if q.shape[0] > tb:  # packed rows: everything before them, and their own segment

@@ -106,11 +106,14 @@ class Decider:
         calibration_file: CalibrationFile | None = None,
         order_reads: int = 1,
         fused_kernels: bool | None = None,
+        attention_kernel: bool | None = None,
     ):
         self.name = loaded.name
         self.fingerprint = model_fingerprint(loaded.model)
         self.tokenizer = loaded.tokenizer
-        self.engine = Engine(loaded.model, static=cuda_graphs, fused_kernels=fused_kernels)
+        self.engine = Engine(
+            loaded.model, static=cuda_graphs, fused_kernels=fused_kernels, attention_kernel=attention_kernel
+        )
         self.layout = ChatLayout(loaded.tokenizer)
         self.labeler = Labeler(loaded.tokenizer, self.layout.answer_opening)
         self.labeler.verify(MAX_OPTIONS, MAX_LEVELS)

@@ -26,7 +26,7 @@ import torch
 from transformers import DynamicCache
 
 from typedlm.attention import IMPLEMENTATION as CASCADE
-from typedlm.attention import CascadePlan
+from typedlm.attention import CascadePlan, kernel_available
 from typedlm.errors import ModelError
 from typedlm.graphs import StaticRunner
 from typedlm.kernels import FusionReport, fuse, liger_ops
@@ -57,6 +57,9 @@ class Engine:
     bucketed shapes and replays it as a CUDA graph; `static=True` on a CPU runs that path eagerly.
     With `fused_kernels` (default: on CUDA, where liger-kernel is installed) the layers' norms, SwiGLU
     products and rotary embeddings run as fused kernels, each checked against the model's own (see `kernels`).
+    With `attention_kernel` (default: on CUDA for 16-bit models where Triton is installed, unless
+    `fused_kernels=False`) the static forward's attention runs as one Triton kernel per row kind (see
+    `cascade_kernel`); on a CPU it runs in Triton's interpreter (tests).
     """
 
     def __init__(
@@ -65,6 +68,7 @@ class Engine:
         cascade: bool = True,
         static: bool | None = None,
         fused_kernels: bool | None = None,
+        attention_kernel: bool | None = None,
     ):
         self.model = model
         self.cascade = cascade and model.config._attn_implementation in ("sdpa", CASCADE)
@@ -98,8 +102,21 @@ class Engine:
         self.no_masks = {kind: None for kind in self.layer_types} if self.layer_types else None
         if static is None:
             static = self.device.type == "cuda"
+        if attention_kernel is None:
+            attention_kernel = (
+                fused_kernels is not False
+                and self.device.type == "cuda"
+                and self.head_weight.dtype in (torch.float16, torch.bfloat16)
+                and kernel_available()
+            )
         self.runner = (
-            StaticRunner(self.body, self._log_softmax_head, self.no_masks, capture=self.device.type == "cuda")
+            StaticRunner(
+                self.body,
+                self._log_softmax_head,
+                self.no_masks,
+                capture=self.device.type == "cuda",
+                attention_kernel=attention_kernel,
+            )
             if static and self.fused
             else None
         )

@@ -83,6 +83,7 @@ class Shape:
             "cu": 6,  # cu_doc, cu_keys, cu_packed
             "own_rows": g * s,
             "own_mask": g * s * s // 64,  # bits, 64 per word (the width is a multiple of 8)
+            "segments": 2 * g,  # (first packed row, rows) of each segment
             "row_slot": self.packed_rows,
             "read_rows": self.read_rows,
             "step_read": self.steps,
@@ -136,6 +137,9 @@ class _Slot:
         own_mask = self.blank_mask.copy()  # [G, S, S] bool
         own_mask[:g, :s, :s] = batch.segment_visibility()
         self.host_field("own_mask")[:] = np.packbits(own_mask, axis=None, bitorder="little").view(np.int64)
+        segments = self.host_field("segments").reshape(shape.segments, 2)
+        segments[:g, 0] = index[:, 0]
+        segments[:g, 1] = valid.sum(axis=1)
         row_slot = self.host_field("row_slot")
         row_slot[index[valid]] = (np.arange(g)[:, None] * shape.width + np.arange(s)[None])[valid]
         self.host_field("read_rows")[: len(batch.read_rows)] = batch.read_rows
@@ -148,11 +152,20 @@ class StaticRunner:
     """Runs fused forwards (document rows + packed questions) with static shapes, as CUDA graphs when `capture`.
 
     `body` is the model without its head, its attention set to the cascade; `head` maps hidden states [R, D]
-    to log-probabilities [R, V].
+    to log-probabilities [R, V]. With `attention_kernel` a layer's attention runs as `cascade_kernel`'s one
+    Triton kernel per row kind (on a CPU: in Triton's interpreter).
     """
 
-    def __init__(self, body: torch.nn.Module, head: Callable[[torch.Tensor], torch.Tensor], masks, capture: bool):
+    def __init__(
+        self,
+        body: torch.nn.Module,
+        head: Callable[[torch.Tensor], torch.Tensor],
+        masks,
+        capture: bool,
+        attention_kernel: bool = False,
+    ):
         self.body, self.head, self.masks, self.capture = body, head, masks, capture
+        self.attention_kernel = attention_kernel
         config = body.config
         self.heads = heads = config.num_attention_heads
         self.kv_heads = getattr(config, "num_key_value_heads", None) or heads
@@ -190,9 +203,8 @@ class StaticRunner:
         shape, f = slot.shape, slot.field
         cu = f("cu").to(torch.int32)
         bits = f("own_mask").view(torch.uint8)[:, None] >> self.bit_shifts  # [G·S·S / 8, 8]: lowest bit first
-        own_mask = (bits & 1).bool().view(shape.segments, 1, shape.width, shape.width)  # [G, 1, S, S]
-        own_mask = own_mask.repeat(1, 1, self.heads // self.kv_heads, 1)  # [G, 1, groups·S, S]
-        plan = StaticPlan(
+        own_mask = (bits & 1).bool().view(shape.segments, shape.width, shape.width)  # [G, S, S]
+        common = dict(
             kv=self.kv,
             doc_rows=shape.doc_rows,
             write_slots=f("write_slots"),
@@ -200,10 +212,13 @@ class StaticRunner:
             cu_keys=cu[2:4],
             cu_packed=cu[4:6],
             own_rows=f("own_rows").view(shape.segments, shape.width),
-            own_mask=own_mask,
-            own_bias=additive(own_mask, self.dtype),
             row_slot=f("row_slot"),
         )
+        if self.attention_kernel:
+            plan = StaticPlan(**common, own_mask=own_mask, own_bias=None, segments=f("segments").view(-1, 2), cu=cu)
+        else:
+            own_mask = own_mask[:, None].repeat(1, 1, self.heads // self.kv_heads, 1)  # [G, 1, groups·S, S]
+            plan = StaticPlan(**common, own_mask=own_mask, own_bias=additive(own_mask, self.dtype))
         out = self.body(
             input_ids=f("input_ids")[None],
             position_ids=f("position_ids")[None],

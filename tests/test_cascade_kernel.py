@@ -1,0 +1,103 @@
+"""The cascade kernel equals softmax attention over each row's own key set, computed row by row in float64.
+
+Without a GPU the kernel runs in Triton's interpreter (see conftest); on a GPU, test_gpu runs it compiled.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from .conftest import needs_triton
+
+pytestmark = needs_triton
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+# (first packed row, rows) of each question, then a padding slot; S = the widest
+SEGMENTS = [(0, 9), (9, 20), (29, 3), (0, 0)]
+WIDTH = 20
+
+
+def own_visibility() -> torch.Tensor:
+    """[G, S, S]: a chain with one branch per question (a label tree's shape); padding slots see themselves."""
+    mask = torch.zeros(len(SEGMENTS), WIDTH, WIDTH, dtype=torch.bool)
+    for g, (_, n) in enumerate(SEGMENTS):
+        block = torch.ones(n, n, dtype=torch.bool).tril()
+        if n > 5:
+            block[n - 2, n - 3] = False  # two siblings: the second does not see the first
+        mask[g, :n, :n] = block
+        mask[g, n:, n:] = torch.eye(WIDTH - n, dtype=torch.bool)
+    return mask
+
+
+def row_by_row(q, k, v, kbuf, vbuf, p, t, doc_rows, mask, scale) -> torch.Tensor:
+    """Each row's keys listed explicitly: document row i sees the buffer's [0, p + i]; a question's row sees the
+    buffer's [0, p + t) and the rows of its question that `mask` shows it."""
+    rows, heads, _ = q.shape
+    groups = heads // kbuf.shape[1]
+    out = torch.zeros(q.shape, dtype=torch.float64)
+    where = {doc_rows + start + s: (g, start, s) for g, (start, n) in enumerate(SEGMENTS) for s in range(n)}
+    for r in range(rows):
+        if r < t:
+            keys, values = kbuf[: p + r + 1], vbuf[: p + r + 1]
+        elif r in where:
+            g, start, s = where[r]
+            own = doc_rows + start + torch.nonzero(mask[g, s]).flatten()
+            keys, values = torch.cat([kbuf[: p + t], k[own]]), torch.cat([vbuf[: p + t], v[own]])
+        else:
+            continue  # padding rows: zeros
+        for h in range(heads):
+            weights = torch.softmax(q[r, h].double() @ keys[:, h // groups].double().T * scale, dim=0)
+            out[r, h] = weights @ values[:, h // groups].double()
+    return out
+
+
+@pytest.mark.parametrize(
+    "heads, kv_heads, dim",
+    [(4, 2, 16), (2, 2, 16), (6, 2, 24), (7, 1, 32)],  # groups 2, 1, 3 (rows padded to 4), 7; a head dim of 24
+)
+def test_kernel_equals_attention_row_by_row(heads, kv_heads, dim):
+    from typedlm.cascade_kernel import cascade_attention
+
+    torch.manual_seed(heads * 100 + dim)
+    p, t, doc_rows, packed_rows, capacity = 5, 37, 40, 36, 64  # 3 padding document rows, 4 padding packed rows
+    rows = doc_rows + packed_rows
+    q = torch.randn(rows, heads, dim)
+    k, v = torch.randn(rows, kv_heads, dim), torch.randn(rows, kv_heads, dim)
+    kbuf, vbuf = torch.randn(capacity, kv_heads, dim), torch.randn(capacity, kv_heads, dim)
+    kbuf[p : p + doc_rows], vbuf[p : p + doc_rows] = k[:doc_rows], v[:doc_rows]
+    kbuf[p + t :], vbuf[p + t :] = float("nan"), float("nan")  # past the keys any row sees: never read
+    cu = torch.tensor([0, t, 0, p + t, 0, packed_rows], dtype=torch.int32)
+    mask = own_visibility()
+    on = (x.to(DEVICE) for x in (q, k, v, kbuf, vbuf, cu, torch.tensor(SEGMENTS), mask))
+    got = cascade_attention(*on, doc_rows, dim**-0.5).cpu()
+    want = row_by_row(q, k, v, kbuf, vbuf, p, t, doc_rows, mask, dim**-0.5)
+    assert not torch.isnan(got).any()
+    assert torch.allclose(got.double(), want, atol=1e-5)
+
+
+def test_kernel_takes_strided_rows():
+    """q, k, v as the model hands them over: [1, H, R, D] transposed to [R, H, D] views (no copies)."""
+    from typedlm.cascade_kernel import cascade_attention
+
+    torch.manual_seed(1)
+    heads, kv_heads, dim, p, t, doc_rows, packed_rows = 4, 2, 16, 3, 16, 16, 32
+    rows = doc_rows + packed_rows
+    q, k, v = (torch.randn(1, h, rows, dim) for h in (heads, kv_heads, kv_heads))
+    q, k, v = (x[0].transpose(0, 1) for x in (q, k, v))
+    kbuf, vbuf = torch.randn(64, kv_heads, dim), torch.randn(64, kv_heads, dim)
+    kbuf[p : p + doc_rows], vbuf[p : p + doc_rows] = k[:doc_rows], v[:doc_rows]
+    cu = torch.tensor([0, t, 0, p + t, 0, packed_rows], dtype=torch.int32)
+    q, k, v, kbuf, vbuf = (x.to(DEVICE) for x in (q, k, v, kbuf, vbuf))
+    args = (
+        kbuf,
+        vbuf,
+        cu.to(DEVICE),
+        torch.tensor(SEGMENTS, device=DEVICE),
+        own_visibility().to(DEVICE),
+        doc_rows,
+        0.25,
+    )
+    strided = cascade_attention(q, k, v, *args)
+    dense = cascade_attention(q.contiguous(), k.contiguous(), v.contiguous(), *args)
+    assert torch.equal(strided, dense)
