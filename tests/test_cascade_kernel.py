@@ -16,6 +16,12 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # (first packed row, rows) of each question, then a padding slot; S = the widest
 SEGMENTS = [(0, 9), (9, 20), (29, 3), (0, 0)]
 WIDTH = 20
+REAL_PACKED = 32  # rows of the questions; the packed rows after them are padding
+
+
+def row_slot() -> torch.Tensor:
+    """[REAL_PACKED]: each packed row's question g and place s in it, as g·S + s."""
+    return torch.tensor([g * WIDTH + s for g, (_, n) in enumerate(SEGMENTS) for s in range(n)])
 
 
 def own_visibility() -> torch.Tensor:
@@ -67,9 +73,9 @@ def test_kernel_equals_attention_row_by_row(heads, kv_heads, dim):
     kbuf, vbuf = torch.randn(capacity, kv_heads, dim), torch.randn(capacity, kv_heads, dim)
     kbuf[p : p + doc_rows], vbuf[p : p + doc_rows] = k[:doc_rows], v[:doc_rows]
     kbuf[p + t :], vbuf[p + t :] = float("nan"), float("nan")  # past the keys any row sees: never read
-    cu = torch.tensor([0, t, 0, p + t, 0, packed_rows], dtype=torch.int32)
+    cu = torch.tensor([0, t, 0, p + t, 0, packed_rows, REAL_PACKED, 0], dtype=torch.int32)
     mask = own_visibility()
-    on = (x.to(DEVICE) for x in (q, k, v, kbuf, vbuf, cu, torch.tensor(SEGMENTS), mask))
+    on = (x.to(DEVICE) for x in (q, k, v, kbuf, vbuf, cu, row_slot(), mask))
     got = cascade_attention(*on, doc_rows, dim**-0.5).cpu()
     want = row_by_row(q, k, v, kbuf, vbuf, p, t, doc_rows, mask, dim**-0.5)
     assert not torch.isnan(got).any()
@@ -87,13 +93,13 @@ def test_kernel_takes_strided_rows():
     q, k, v = (x[0].transpose(0, 1) for x in (q, k, v))
     kbuf, vbuf = torch.randn(64, kv_heads, dim), torch.randn(64, kv_heads, dim)
     kbuf[p : p + doc_rows], vbuf[p : p + doc_rows] = k[:doc_rows], v[:doc_rows]
-    cu = torch.tensor([0, t, 0, p + t, 0, packed_rows], dtype=torch.int32)
+    cu = torch.tensor([0, t, 0, p + t, 0, packed_rows, REAL_PACKED, 0], dtype=torch.int32)
     q, k, v, kbuf, vbuf = (x.to(DEVICE) for x in (q, k, v, kbuf, vbuf))
     args = (
         kbuf,
         vbuf,
         cu.to(DEVICE),
-        torch.tensor(SEGMENTS, device=DEVICE),
+        row_slot().to(DEVICE),
         own_visibility().to(DEVICE),
         doc_rows,
         0.25,

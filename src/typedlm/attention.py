@@ -69,10 +69,10 @@ class StaticPlan:
       slot j (padding slots see themselves only), repeated for the `groups` query heads that share a key/value
       head; `own_bias` the same as `additive` in the model's dtype; `row_slot` [N]: each packed row's flat
       slot g·S + s.
-    - `segments` [G, 2] (first packed row, rows) of each segment, set when the attention runs as one kernel
-      per row kind (`cascade_kernel`, CUDA): `own_mask` is then [G, S, S] and `cu` the int32 (0, t, 0, p + t,
-      0, packed rows) whose slices are `cu_doc`, `cu_keys`, `cu_packed`; `own_rows`, `own_bias` and
-      `row_slot` are unused.
+    - `cu` int32 (0, t, 0, p + t, 0, packed rows, real packed rows, 0): `cu_doc`, `cu_keys`, `cu_packed` are
+      its slices;
+    - with `kernel`, the attention runs as `cascade_kernel` (one Triton launch per layer): `own_mask` is then
+      [G, S, S], and `own_rows`, `own_bias` are unused.
     """
 
     kv: torch.Tensor
@@ -85,8 +85,8 @@ class StaticPlan:
     own_mask: torch.Tensor
     own_bias: torch.Tensor | None
     row_slot: torch.Tensor
-    segments: torch.Tensor | None = None
-    cu: torch.Tensor | None = None
+    cu: torch.Tensor
+    kernel: bool = False
 
 
 def kernel_available() -> bool:
@@ -228,10 +228,10 @@ def _static_cascade(module: torch.nn.Module, query, key, value, plan: StaticPlan
     if tb:  # document rows: stored, then over the cached prefix and themselves, causally
         kbuf.index_copy_(0, plan.write_slots, k[:tb])
         vbuf.index_copy_(0, plan.write_slots, v[:tb])
-    if plan.segments is not None:  # every row in one kernel per row kind
+    if plan.kernel:  # every row in one launch
         from typedlm import cascade_kernel
 
-        out = cascade_kernel.cascade_attention(q, k, v, kbuf, vbuf, plan.cu, plan.segments, plan.own_mask, tb, scale)
+        out = cascade_kernel.cascade_attention(q, k, v, kbuf, vbuf, plan.cu, plan.row_slot, plan.own_mask, tb, scale)
         return out[None]
     parts = []
     if tb:

@@ -1,19 +1,21 @@
-"""The static cascade's attention in one Triton kernel per row kind: no partial outputs, no merge, no copies.
+"""The static cascade's attention in one Triton kernel launch per layer: no partial outputs, no merge, no copies.
 
-`attention.attend_ranges` and friends compute a forward's attention as separate calls (document rows over the
-cache; packed rows over the prefix; packed rows over their own question), then merge the partial outputs by
-log-sum-exp. On a GPU each call, gather, scatter and merge is a kernel launch and a trip through memory, and
-at this model size those cost more than the arithmetic. Here one program takes a block of rows of one
-key/value head (the query heads that share it folded into the block's rows, so grouped keys are read once) and
-runs an online softmax over every key that block may see:
+`attention` computes a forward's attention as separate calls (document rows over the cache; packed rows over
+the prefix; packed rows over their own question), then merges the partial outputs by log-sum-exp. On a GPU
+each call, gather, scatter and merge is a kernel launch and a trip through memory, and at this model size those
+cost more than the arithmetic. Here one program takes a block of rows of one key/value head (the query heads
+that share it folded into the block's rows, so grouped keys are read once) and runs an online softmax over
+every key that block may see:
 
-- document rows (`document_attention`): keys [0, p + i] of the key/value buffer (the cached prefix, then the
-  document causally);
-- packed rows (`packed_attention`): keys [0, p + t) of the buffer (the whole prefix), then the rows of their
-  own question that `own_mask` lets them see (its ancestors and itself).
+- document rows: keys [0, p + i] of the key/value buffer (the cached prefix, then the document causally);
+  blocks of the longest rows start first;
+- packed rows, in blocks of consecutive rows (a block may end one question and begin the next): keys
+  [0, p + t) of the buffer (the whole prefix), then the rows of their own question that `own_mask` lets them
+  see (their ancestors and themselves).
 
-Both are exactly softmax attention over the union of those keys: the split and merge disappear. Without a GPU
-the kernels run in Triton's interpreter (`TRITON_INTERPRET=1`), which the tests use.
+Key blocks that every row of a program sees run without masks; only the causal edge, the buffer's end and the
+question's own rows are masked. This is exactly softmax attention over the union of those keys. Without a GPU
+the kernel runs in Triton's interpreter (`TRITON_INTERPRET=1`), which the tests use.
 """
 
 from __future__ import annotations
@@ -25,22 +27,33 @@ import triton.language as tl
 LOG2E = 1.4426950408889634
 BLOCK_ROWS = 64  # query rows (tokens × grouped heads) per program, at most (a question's block may be smaller)
 MIN_ROWS = 16  # the matrix units' smallest tile
-NUM_WARPS = 4  # these four: the fastest of 16 combinations on an H200 for Qwen3-0.6B shapes (benchmarks/README.md)
+NUM_WARPS = 4  # these four: the fastest measured on an H200 for Qwen3-0.6B shapes (benchmarks/README.md)
 NUM_STAGES = 2
 KEY_BLOCK = 64  # keys per step of the online softmax
 
 
 @triton.jit
-def _online_step(acc, m_i, l_i, q, k_ptrs, v_ptrs, key_ok, d_ok, visible, scale_log2, PRECISION: tl.constexpr):
-    """One block of keys into the running softmax. k_ptrs [D, N], v_ptrs [N, D]; visible [M, N]."""
-    k = tl.load(k_ptrs, mask=d_ok[:, None] & key_ok[None, :], other=0.0)  # [D, N]
-    scores = tl.where(
-        visible, tl.dot(q, k, input_precision=PRECISION) * scale_log2, float("-inf")
-    )  # [M, N], in log2 units
+def _online_step(
+    acc, m_i, l_i, q, k_ptrs, v_ptrs, key_ok, d_ok, visible, scale_log2,
+    MASKED: tl.constexpr, FULL_DIM: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    """One block of keys into the running softmax. k_ptrs [D, N], v_ptrs [N, D]; with MASKED, only the keys
+    `key_ok` [N] are read and row i sees key j where `visible` [M, N]; without, every key is read and seen."""
+    if MASKED:
+        k = tl.load(k_ptrs, mask=d_ok[:, None] & key_ok[None, :], other=0.0)  # [D, N]
+        v = tl.load(v_ptrs, mask=key_ok[:, None] & d_ok[None, :], other=0.0)  # [N, D]
+    elif FULL_DIM:
+        k = tl.load(k_ptrs)
+        v = tl.load(v_ptrs)
+    else:
+        k = tl.load(k_ptrs, mask=d_ok[:, None], other=0.0)
+        v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
+    scores = tl.dot(q, k, input_precision=PRECISION) * scale_log2  # [M, N], in log2 units
+    if MASKED:
+        scores = tl.where(visible, scores, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(scores, 1))
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(scores - m_new[:, None])
-    v = tl.load(v_ptrs, mask=key_ok[:, None] & d_ok[None, :], other=0.0)  # [N, D]
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
     return acc, m_new, l_i * alpha + tl.sum(p, 1)
 
@@ -53,8 +66,8 @@ def _cascade_kernel(
     KR,  # [R, Hkv, D] this forward's keys (the packed rows' own keys are read from here)
     VR,
     OUT,  # [R, H, D]
-    CU,  # int32 [6]: (0, t, 0, p + t, 0, packed rows)
-    SEG,  # int64 [G, 2]: (first packed row, rows) of each question; 0 rows for padding
+    CU,  # int32 [8]: (0, t, 0, p + t, 0, packed rows, real packed rows, 0)
+    ROW_SLOT,  # int64 [N]: each packed row's question g and place s in it, as g·S + s
     MASK,  # bool [G, S, S]: own_mask
     stride_qr,
     stride_qh,
@@ -65,8 +78,8 @@ def _cascade_kernel(
     stride_or,
     stride_oh,
     doc_rows,
-    width,
-    blocks_per_segment,
+    doc_blocks,  # programs 0 .. doc_blocks - 1 take document rows, the rest packed rows
+    width,  # S
     scale_log2,
     HEAD_DIM: tl.constexpr,
     DIM: tl.constexpr,  # HEAD_DIM rounded up to a power of two
@@ -74,7 +87,6 @@ def _cascade_kernel(
     GROUP_ROWS: tl.constexpr,  # GROUPS rounded up to a power of two: a program has TOKENS × GROUP_ROWS rows
     TOKENS: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    PACKED: tl.constexpr,
     PRECISION: tl.constexpr,  # of the matrix products: "ieee" keeps float32 inputs in float32 (no TF32)
 ):
     pid = tl.program_id(0)
@@ -88,56 +100,70 @@ def _cascade_kernel(
     n = tl.arange(0, BLOCK_N)
     t = tl.load(CU + 1)
     keys_end = tl.load(CU + 3)  # p + t
-    if PACKED:
-        segment = pid // blocks_per_segment
-        first_slot = (pid % blocks_per_segment) * TOKENS
-        seg_start = tl.load(SEG + 2 * segment)
-        seg_rows = tl.load(SEG + 2 * segment + 1)
-        slot = first_slot + token
-        row_ok = (slot < seg_rows) & head_ok
-        row = doc_rows + seg_start + slot
-        stored = row_ok
-        buffer_end = keys_end  # the whole prefix
-    else:
-        row = pid * TOKENS + token
+    zero = pid * 0
+    if pid < doc_blocks:  # document rows, the longest first: row i sees the buffer's keys [0, p + i]
+        first = (doc_blocks - 1 - pid) * TOKENS
+        row = first + token
         row_ok = (row < t) & head_ok
-        stored = (row < doc_rows) & head_ok  # padding rows get zeros
-        buffer_end = keys_end - t + tl.minimum(pid * TOKENS + TOKENS, t)  # past the last key a row here sees
-    last_key = keys_end - t + row  # document row i sees keys [0, p + i]
+        stored = (row < doc_rows) & head_ok
+        last_key = keys_end - t + row
+        all_see = tl.where(first < t, keys_end - t + first + 1, zero)  # keys [0, all_see): every row sees them
+        any_see = tl.where(first < t, keys_end - t + tl.minimum(first + TOKENS, t), zero)
+        own_start, own_end, segment, place = zero, zero, token, token
+    else:  # packed rows: the whole buffer [0, p + t), then the rows of their own question that `MASK` shows
+        real = tl.load(CU + 6)
+        first = (pid - doc_blocks) * TOKENS
+        packed = first + token
+        row_ok = (packed < real) & head_ok
+        stored = row_ok
+        row = doc_rows + packed
+        place = tl.load(ROW_SLOT + packed, mask=packed < real, other=0).to(tl.int32)
+        segment = place // width
+        last_key = keys_end - 1 + zero * row
+        all_see = tl.where(first < real, keys_end, zero)
+        any_see = all_see
+        # ancestors come first: the block's own keys start at its first row's question, end at its last row
+        own_start = first - tl.load(ROW_SLOT + first, mask=first < real, other=0).to(tl.int32) % width
+        own_end = tl.minimum(first + TOKENS, real)
     q = tl.load(
         Q + row[:, None] * stride_qr + head[:, None] * stride_qh + d[None, :],
         mask=row_ok[:, None] & d_ok[None, :],
         other=0.0,
     )
     acc = tl.zeros((TOKENS * GROUP_ROWS, DIM), dtype=tl.float32)
-    m_i = tl.full((TOKENS * GROUP_ROWS,), -1.0e30, dtype=tl.float32)  # finite: rows that see nothing stay 0, not NaN
+    m_i = tl.full((TOKENS * GROUP_ROWS,), -1.0e30, dtype=tl.float32)  # finite: rows that see nothing stay 0
     l_i = tl.zeros((TOKENS * GROUP_ROWS,), dtype=tl.float32)
-    for start in range(0, buffer_end, BLOCK_N):
+    whole_blocks = all_see // BLOCK_N * BLOCK_N
+    for start in range(0, whole_blocks, BLOCK_N):  # keys every row sees: no masks
         key = start + n
-        key_ok = key < buffer_end
-        visible = row_ok[:, None] & key_ok[None, :]
-        if not PACKED:
-            visible = visible & (key[None, :] <= last_key[:, None])
         k_ptrs = KB + key[None, :] * stride_bc + kvh * stride_bh + d[:, None]
         v_ptrs = VB + key[:, None] * stride_bc + kvh * stride_bh + d[None, :]
-        acc, m_i, l_i = _online_step(acc, m_i, l_i, q, k_ptrs, v_ptrs, key_ok, d_ok, visible, scale_log2, PRECISION)
-    if PACKED:  # the question's own rows: ancestors come before a row, so slots past this block are never seen
-        own_end = tl.minimum(seg_rows, first_slot + TOKENS)
-        for start in range(0, own_end, BLOCK_N):
-            own = start + n
-            key_ok = own < own_end
-            seen = tl.load(
-                MASK + segment * width * width + slot[:, None] * width + own[None, :],
-                mask=row_ok[:, None] & key_ok[None, :],
-                other=0,
-            )
-            key_row = doc_rows + seg_start + own
-            k_ptrs = KR + key_row[None, :] * stride_rr + kvh * stride_rh + d[:, None]
-            v_ptrs = VR + key_row[:, None] * stride_rr + kvh * stride_rh + d[None, :]
-            acc, m_i, l_i = _online_step(
-                acc, m_i, l_i, q, k_ptrs, v_ptrs, key_ok, d_ok, seen != 0, scale_log2, PRECISION
-            )
-    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        acc, m_i, l_i = _online_step(
+            acc, m_i, l_i, q, k_ptrs, v_ptrs, n, d_ok, m[:, None], scale_log2, False, HEAD_DIM == DIM, PRECISION
+        )
+    for start in range(whole_blocks, any_see, BLOCK_N):  # the rest: causally, and up to the last key
+        key = start + n
+        key_ok = key < any_see
+        visible = row_ok[:, None] & key_ok[None, :] & (key[None, :] <= last_key[:, None])
+        k_ptrs = KB + key[None, :] * stride_bc + kvh * stride_bh + d[:, None]
+        v_ptrs = VB + key[:, None] * stride_bc + kvh * stride_bh + d[None, :]
+        acc, m_i, l_i = _online_step(
+            acc, m_i, l_i, q, k_ptrs, v_ptrs, key_ok, d_ok, visible, scale_log2, True, HEAD_DIM == DIM, PRECISION
+        )
+    for start in range(own_start, own_end, BLOCK_N):  # packed rows: their own question's rows
+        own = start + n
+        key_ok = own < own_end
+        own_place = tl.load(ROW_SLOT + own, mask=key_ok, other=0).to(tl.int32)
+        same = row_ok[:, None] & key_ok[None, :] & (segment[:, None] == own_place[None, :] // width)
+        seen = tl.load(MASK + place[:, None] * width + own_place[None, :] % width, mask=same, other=0)
+        k_ptrs = KR + (doc_rows + own)[None, :] * stride_rr + kvh * stride_rh + d[:, None]
+        v_ptrs = VR + (doc_rows + own)[:, None] * stride_rr + kvh * stride_rh + d[None, :]
+        acc, m_i, l_i = _online_step(
+            acc, m_i, l_i, q, k_ptrs, v_ptrs, key_ok, d_ok, same & (seen != 0), scale_log2, True, HEAD_DIM == DIM,
+            PRECISION,
+        )  # fmt: skip
+    inverse = tl.where(row_ok & (l_i > 0), 1.0 / tl.where(l_i > 0, l_i, 1.0), 0.0)  # padding rows: 0
+    out = acc * inverse[:, None]
     tl.store(
         OUT + row[:, None] * stride_or + head[:, None] * stride_oh + d[None, :],
         out.to(OUT.dtype.element_ty),
@@ -152,18 +178,18 @@ def cascade_attention(
     kbuf: torch.Tensor,
     vbuf: torch.Tensor,
     cu: torch.Tensor,
-    segments: torch.Tensor,
+    row_slot: torch.Tensor,
     own_mask: torch.Tensor,
     doc_rows: int,
     scale: float,
 ) -> torch.Tensor:
-    """Attention of every row of a static forward; `StaticPlan`'s layout (see `attention.StaticPlan`).
+    """Attention of every row of a static forward, in one launch; `StaticPlan`'s layout (see `attention`).
 
     q: [R, H, D] (the first `doc_rows` rows are document rows, the rest packed rows); k/v: [R, Hkv, D] this
     forward's keys and values; kbuf/vbuf: [C, Hkv, D] with the cached prefix at [0, p) and the document rows
-    already written at [p, p + t); cu: int32 (0, t, 0, p + t, 0, packed rows); segments: int64 [G, 2] (first
-    packed row, rows) of each question (0 rows: padding); own_mask: bool [G, S, S]. Returns out [R, H, D]:
-    padding document rows and packed rows outside every question are 0.
+    already written at [p, p + t); cu: int32 (0, t, 0, p + t, 0, packed rows, real packed rows, 0); row_slot:
+    int64 [N] each real packed row's question g and place s as g·S + s (questions are runs of consecutive rows);
+    own_mask: bool [G, S, S] place i of question g sees place j. Returns out [R, H, D]: padding rows are 0.
     """
     rows, heads, head_dim = q.shape
     kv_heads = kbuf.shape[1]
@@ -171,30 +197,17 @@ def cascade_attention(
     for x in (q, k, v, kbuf, vbuf):
         assert x.stride(-1) == 1, "the head dimension must be contiguous"
     assert k.stride() == v.stride() and kbuf.stride() == vbuf.stride()
-    out = torch.zeros_like(q)
-    dim = triton.next_power_of_2(head_dim)
+    out = torch.zeros_like(q)  # padding rows stay 0
     group_rows = triton.next_power_of_2(groups)
-    common = dict(num_warps=NUM_WARPS, num_stages=NUM_STAGES, HEAD_DIM=head_dim, DIM=dim, GROUPS=groups)
-    common.update(GROUP_ROWS=group_rows, BLOCK_N=KEY_BLOCK)
-    common["PRECISION"] = "ieee" if q.dtype == torch.float32 else "tf32"
-    fewest = max(MIN_ROWS // group_rows, 1)  # tokens per program so that a program has at least MIN_ROWS rows
-    strides = (q.stride(0), q.stride(1), kbuf.stride(0), kbuf.stride(1), k.stride(0), k.stride(1))
-    strides += (out.stride(0), out.stride(1))
-    scale_log2 = scale * LOG2E
-    if doc_rows:
-        tokens = max(BLOCK_ROWS // group_rows, fewest)
-        grid = (triton.cdiv(doc_rows, tokens), kv_heads)
-        _cascade_kernel[grid](
-            q, kbuf, vbuf, k, v, out, cu, segments, own_mask, *strides, doc_rows, 0, 1, scale_log2,
-            TOKENS=tokens, PACKED=False, **common,
-        )  # fmt: skip
-    g, width = own_mask.shape[0], own_mask.shape[-1]
-    if rows > doc_rows and g:
-        tokens = max(min(triton.next_power_of_2(width), BLOCK_ROWS // group_rows), fewest)
-        per_segment = triton.cdiv(width, tokens)
-        grid = (g * per_segment, kv_heads)
-        _cascade_kernel[grid](
-            q, kbuf, vbuf, k, v, out, cu, segments, own_mask, *strides, doc_rows, width, per_segment, scale_log2,
-            TOKENS=tokens, PACKED=True, **common,
-        )  # fmt: skip
+    tokens = max(BLOCK_ROWS // group_rows, MIN_ROWS // group_rows, 1)  # a program's rows: tokens × group_rows
+    doc_blocks = triton.cdiv(doc_rows, tokens)
+    grid = (doc_blocks + triton.cdiv(rows - doc_rows, tokens), kv_heads)
+    _cascade_kernel[grid](
+        q, kbuf, vbuf, k, v, out, cu, row_slot, own_mask,
+        *q.stride()[:2], *kbuf.stride()[:2], *k.stride()[:2], *out.stride()[:2],
+        doc_rows, doc_blocks, own_mask.shape[-1], scale * LOG2E,
+        HEAD_DIM=head_dim, DIM=triton.next_power_of_2(head_dim), GROUPS=groups, GROUP_ROWS=group_rows, TOKENS=tokens,
+        BLOCK_N=KEY_BLOCK, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+    )  # fmt: skip
     return out

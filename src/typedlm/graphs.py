@@ -80,10 +80,9 @@ class Shape:
             "input_ids": rows,
             "position_ids": rows,
             "write_slots": self.doc_rows,
-            "cu": 6,  # cu_doc, cu_keys, cu_packed
+            "cu": 8,  # cu_doc, cu_keys, cu_packed, (real packed rows, 0)
             "own_rows": g * s,
             "own_mask": g * s * s // 64,  # bits, 64 per word (the width is a multiple of 8)
-            "segments": 2 * g,  # (first packed row, rows) of each segment
             "row_slot": self.packed_rows,
             "read_rows": self.read_rows,
             "step_read": self.steps,
@@ -128,7 +127,7 @@ class _Slot:
         positions[:tb] = np.arange(cached, cached + tb)  # padding rows continue the positions (never read)
         positions[tb : tb + n] = batch.position_ids
         self.host_field("write_slots")[:] = np.arange(cached, cached + tb)
-        self.host_field("cu")[:] = (0, t, 0, cached + t, 0, shape.packed_rows)
+        self.host_field("cu")[:] = (0, t, 0, cached + t, 0, shape.packed_rows, n, 0)
         # segments: slot (g, s) holds packed row index[g, s]; padding slots see only themselves
         index, valid = batch.segment_index()
         g, s = index.shape
@@ -137,9 +136,6 @@ class _Slot:
         own_mask = self.blank_mask.copy()  # [G, S, S] bool
         own_mask[:g, :s, :s] = batch.segment_visibility()
         self.host_field("own_mask")[:] = np.packbits(own_mask, axis=None, bitorder="little").view(np.int64)
-        segments = self.host_field("segments").reshape(shape.segments, 2)
-        segments[:g, 0] = index[:, 0]
-        segments[:g, 1] = valid.sum(axis=1)
         row_slot = self.host_field("row_slot")
         row_slot[index[valid]] = (np.arange(g)[:, None] * shape.width + np.arange(s)[None])[valid]
         self.host_field("read_rows")[: len(batch.read_rows)] = batch.read_rows
@@ -213,9 +209,10 @@ class StaticRunner:
             cu_packed=cu[4:6],
             own_rows=f("own_rows").view(shape.segments, shape.width),
             row_slot=f("row_slot"),
+            cu=cu,
         )
         if self.attention_kernel:
-            plan = StaticPlan(**common, own_mask=own_mask, own_bias=None, segments=f("segments").view(-1, 2), cu=cu)
+            plan = StaticPlan(**common, own_mask=own_mask, own_bias=None, kernel=True)
         else:
             own_mask = own_mask[:, None].repeat(1, 1, self.heads // self.kv_heads, 1)  # [G, 1, groups·S, S]
             plan = StaticPlan(**common, own_mask=own_mask, own_bias=additive(own_mask, self.dtype))
@@ -278,11 +275,9 @@ class StaticRunner:
         snapshot = self.kv[:, :, :length]  # [L, 2, T, Hkv, D]
         if copy:
             snapshot = snapshot.clone()
-        layers = tuple(
-            (snapshot[layer, 0].transpose(0, 1)[None], snapshot[layer, 1].transpose(0, 1)[None])
-            for layer in range(self.layers)
-        )
-        return steps, layers, length
+        # per layer (keys, values) [1, Hkv, T, D]: views made by few calls (host time counts at this size)
+        per_layer = snapshot.transpose(2, 3)[:, :, None].unbind(0)  # L × [2, 1, Hkv, T, D]
+        return steps, tuple(pair.unbind(0) for pair in per_layer), length
 
     def remember(self, prefix) -> None:
         """Note that the buffer holds `prefix` (the one just built from `run`'s keys/values)."""
