@@ -62,22 +62,27 @@ def row_by_row(q, k, v, kbuf, vbuf, p, t, doc_rows, mask, scale) -> torch.Tensor
     "heads, kv_heads, dim",
     [(4, 2, 16), (2, 2, 16), (6, 2, 24), (7, 1, 32)],  # groups 2, 1, 3 (rows padded to 4), 7; a head dim of 24
 )
-def test_kernel_equals_attention_row_by_row(heads, kv_heads, dim):
+@pytest.mark.parametrize("t, doc_rows", [(37, 40), (0, 0)])  # 3 padding document rows; no new document rows
+def test_kernel_equals_attention_row_by_row(heads, kv_heads, dim, t, doc_rows):
     from typedlm.cascade_kernel import cascade_attention
 
     torch.manual_seed(heads * 100 + dim)
-    p, t, doc_rows, packed_rows, capacity = 5, 37, 40, 36, 64  # 3 padding document rows, 4 padding packed rows
+    p, packed_rows, capacity = 5, 36, 64  # 4 padding packed rows
     rows = doc_rows + packed_rows
     q = torch.randn(rows, heads, dim)
     k, v = torch.randn(rows, kv_heads, dim), torch.randn(rows, kv_heads, dim)
     kbuf, vbuf = torch.randn(capacity, kv_heads, dim), torch.randn(capacity, kv_heads, dim)
-    kbuf[p : p + doc_rows], vbuf[p : p + doc_rows] = k[:doc_rows], v[:doc_rows]
-    kbuf[p + t :], vbuf[p + t :] = float("nan"), float("nan")  # past the keys any row sees: never read
+    kbuf[p:], vbuf[p:] = float("nan"), float("nan")  # past the cached prefix: never read, the document written
     cu = torch.tensor([0, t, 0, p + t, 0, packed_rows, REAL_PACKED, 0], dtype=torch.int32)
     mask = own_visibility()
-    on = (x.to(DEVICE) for x in (q, k, v, kbuf, vbuf, cu, row_slot(), mask))
+    on = [x.to(DEVICE) for x in (q, k, v, kbuf, vbuf, cu, row_slot(), mask)]
     got = cascade_attention(*on, doc_rows, dim**-0.5).cpu()
-    want = row_by_row(q, k, v, kbuf, vbuf, p, t, doc_rows, mask, dim**-0.5)
+    written_k, written_v = on[3].cpu(), on[4].cpu()
+    assert torch.equal(written_k[p : p + doc_rows], k[:doc_rows]) and torch.equal(
+        written_v[p : p + doc_rows], v[:doc_rows]
+    )
+    assert torch.isnan(written_k[p + doc_rows :]).all()  # nothing past the document's rows
+    want = row_by_row(q, k, v, written_k, written_v, p, t, doc_rows, mask, dim**-0.5)
     assert not torch.isnan(got).any()
     assert torch.allclose(got.double(), want, atol=1e-5)
 
@@ -92,7 +97,6 @@ def test_kernel_takes_strided_rows():
     q, k, v = (torch.randn(1, h, rows, dim) for h in (heads, kv_heads, kv_heads))
     q, k, v = (x[0].transpose(0, 1) for x in (q, k, v))
     kbuf, vbuf = torch.randn(64, kv_heads, dim), torch.randn(64, kv_heads, dim)
-    kbuf[p : p + doc_rows], vbuf[p : p + doc_rows] = k[:doc_rows], v[:doc_rows]
     cu = torch.tensor([0, t, 0, p + t, 0, packed_rows, REAL_PACKED, 0], dtype=torch.int32)
     q, k, v, kbuf, vbuf = (x.to(DEVICE) for x in (q, k, v, kbuf, vbuf))
     args = (

@@ -225,16 +225,15 @@ def _static_cascade(module: torch.nn.Module, query, key, value, plan: StaticPlan
     kbuf, vbuf = plan.kv[module.layer_idx, 0], plan.kv[module.layer_idx, 1]  # [C, Hkv, D]
     q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # [R, H|Hkv, D]
     tb, heads, dim = plan.doc_rows, q.shape[1], q.shape[2]
-    if tb:  # document rows: stored, then over the cached prefix and themselves, causally
-        kbuf.index_copy_(0, plan.write_slots, k[:tb])
-        vbuf.index_copy_(0, plan.write_slots, v[:tb])
-    if plan.kernel:  # every row in one launch
+    if plan.kernel:  # every row in one launch, which also stores the document rows' keys and values
         from typedlm import cascade_kernel
 
         out = cascade_kernel.cascade_attention(q, k, v, kbuf, vbuf, plan.cu, plan.row_slot, plan.own_mask, tb, scale)
         return out[None]
     parts = []
-    if tb:
+    if tb:  # document rows: stored, then over the cached prefix and themselves, causally
+        kbuf.index_copy_(0, plan.write_slots, k[:tb])
+        vbuf.index_copy_(0, plan.write_slots, v[:tb])
         out, _ = attend_ranges(q[:tb].contiguous(), kbuf, vbuf, plan.cu_doc, plan.cu_keys, scale, causal=True)
         parts.append(out)  # padding rows hold anything: no real row reads them, their keys lie past cu_keys
     if q.shape[0] > tb:  # packed rows: everything before them, and their own segment

@@ -59,11 +59,38 @@ def _online_step(
 
 
 @triton.jit
+def _attend_keys(
+    acc, m_i, l_i, q, K, V, stride_c, stride_h, kvh, all_see, any_see, last_key, row_ok, d, d_ok, n, scale_log2,
+    FULL_DIM: tl.constexpr, PRECISION: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """Keys [0, any_see) of K/V (rows of stride `stride_c`) into the running softmax: row i sees key j <= last_key[i];
+    keys [0, all_see) every row sees, and their whole blocks run without masks."""
+    whole_blocks = all_see // BLOCK_N * BLOCK_N
+    for start in range(0, whole_blocks, BLOCK_N):
+        key = start + n
+        k_ptrs = K + key[None, :] * stride_c + kvh * stride_h + d[:, None]
+        v_ptrs = V + key[:, None] * stride_c + kvh * stride_h + d[None, :]
+        acc, m_i, l_i = _online_step(
+            acc, m_i, l_i, q, k_ptrs, v_ptrs, n, d_ok, row_ok[:, None], scale_log2, False, FULL_DIM, PRECISION
+        )
+    for start in range(whole_blocks, any_see, BLOCK_N):
+        key = start + n
+        key_ok = key < any_see
+        visible = row_ok[:, None] & key_ok[None, :] & (key[None, :] <= last_key[:, None])
+        k_ptrs = K + key[None, :] * stride_c + kvh * stride_h + d[:, None]
+        v_ptrs = V + key[:, None] * stride_c + kvh * stride_h + d[None, :]
+        acc, m_i, l_i = _online_step(
+            acc, m_i, l_i, q, k_ptrs, v_ptrs, key_ok, d_ok, visible, scale_log2, True, FULL_DIM, PRECISION
+        )
+    return acc, m_i, l_i
+
+
+@triton.jit
 def _cascade_kernel(
     Q,  # [R, H, D] this forward's queries
-    KB,  # [C, Hkv, D] key buffer: the cached prefix, then the document rows
+    KB,  # [C, Hkv, D] key buffer: the cached prefix at [0, p); the document's keys are written at [p, p + T)
     VB,
-    KR,  # [R, Hkv, D] this forward's keys (the packed rows' own keys are read from here)
+    KR,  # [R, Hkv, D] this forward's keys: the document's, then the packed rows'
     VR,
     OUT,  # [R, H, D]
     CU,  # int32 [8]: (0, t, 0, p + t, 0, packed rows, real packed rows, 0)
@@ -99,18 +126,26 @@ def _cascade_kernel(
     d_ok = d < HEAD_DIM
     n = tl.arange(0, BLOCK_N)
     t = tl.load(CU + 1)
-    keys_end = tl.load(CU + 3)  # p + t
+    p = tl.load(CU + 3) - t
     zero = pid * 0
-    if pid < doc_blocks:  # document rows, the longest first: row i sees the buffer's keys [0, p + i]
+    if pid < doc_blocks:  # document rows, the longest first: row i sees the prefix and the document's [0, i]
         first = (doc_blocks - 1 - pid) * TOKENS
         row = first + token
         row_ok = (row < t) & head_ok
         stored = (row < doc_rows) & head_ok
-        last_key = keys_end - t + row
-        all_see = tl.where(first < t, keys_end - t + first + 1, zero)  # keys [0, all_see): every row sees them
-        any_see = tl.where(first < t, keys_end - t + tl.minimum(first + TOKENS, t), zero)
+        last_key = row
+        live = first < t  # the block has a real row
+        all_see = tl.where(live, first + 1, zero)  # document keys [0, all_see): every row sees them
+        any_see = tl.where(live, tl.minimum(first + TOKENS, t), zero)
         own_start, own_end, segment, place = zero, zero, token, token
-    else:  # packed rows: the whole buffer [0, p + t), then the rows of their own question that `MASK` shows
+        # this block's keys and values go to the buffer after the prefix (padding rows too: they lie past p + t)
+        written = first + tl.arange(0, TOKENS)
+        at = (written < doc_rows)[:, None] & d_ok[None, :]
+        source = written[:, None] * stride_rr + kvh * stride_rh + d[None, :]
+        target = (p + written)[:, None] * stride_bc + kvh * stride_bh + d[None, :]
+        tl.store(KB + target, tl.load(KR + source, mask=at), mask=at)
+        tl.store(VB + target, tl.load(VR + source, mask=at), mask=at)
+    else:  # packed rows: the prefix, the whole document, then the rows of their own question that `MASK` shows
         real = tl.load(CU + 6)
         first = (pid - doc_blocks) * TOKENS
         packed = first + token
@@ -119,8 +154,9 @@ def _cascade_kernel(
         row = doc_rows + packed
         place = tl.load(ROW_SLOT + packed, mask=packed < real, other=0).to(tl.int32)
         segment = place // width
-        last_key = keys_end - 1 + zero * row
-        all_see = tl.where(first < real, keys_end, zero)
+        last_key = t - 1 + zero * row
+        live = first < real
+        all_see = tl.where(live, t, zero)
         any_see = all_see
         # ancestors come first: the block's own keys start at its first row's question, end at its last row
         own_start = first - tl.load(ROW_SLOT + first, mask=first < real, other=0).to(tl.int32) % width
@@ -133,23 +169,15 @@ def _cascade_kernel(
     acc = tl.zeros((TOKENS * GROUP_ROWS, DIM), dtype=tl.float32)
     m_i = tl.full((TOKENS * GROUP_ROWS,), -1.0e30, dtype=tl.float32)  # finite: rows that see nothing stay 0
     l_i = tl.zeros((TOKENS * GROUP_ROWS,), dtype=tl.float32)
-    whole_blocks = all_see // BLOCK_N * BLOCK_N
-    for start in range(0, whole_blocks, BLOCK_N):  # keys every row sees: no masks
-        key = start + n
-        k_ptrs = KB + key[None, :] * stride_bc + kvh * stride_bh + d[:, None]
-        v_ptrs = VB + key[:, None] * stride_bc + kvh * stride_bh + d[None, :]
-        acc, m_i, l_i = _online_step(
-            acc, m_i, l_i, q, k_ptrs, v_ptrs, n, d_ok, m[:, None], scale_log2, False, HEAD_DIM == DIM, PRECISION
-        )
-    for start in range(whole_blocks, any_see, BLOCK_N):  # the rest: causally, and up to the last key
-        key = start + n
-        key_ok = key < any_see
-        visible = row_ok[:, None] & key_ok[None, :] & (key[None, :] <= last_key[:, None])
-        k_ptrs = KB + key[None, :] * stride_bc + kvh * stride_bh + d[:, None]
-        v_ptrs = VB + key[:, None] * stride_bc + kvh * stride_bh + d[None, :]
-        acc, m_i, l_i = _online_step(
-            acc, m_i, l_i, q, k_ptrs, v_ptrs, key_ok, d_ok, visible, scale_log2, True, HEAD_DIM == DIM, PRECISION
-        )
+    prefix = tl.where(live, p, zero)  # the cached prefix: every row sees all of it
+    acc, m_i, l_i = _attend_keys(
+        acc, m_i, l_i, q, KB, VB, stride_bc, stride_bh, kvh, prefix, prefix, p - 1 + zero * row, row_ok, d, d_ok, n,
+        scale_log2, HEAD_DIM == DIM, PRECISION, BLOCK_N,
+    )  # fmt: skip
+    acc, m_i, l_i = _attend_keys(  # the document's keys, read where this forward computed them
+        acc, m_i, l_i, q, KR, VR, stride_rr, stride_rh, kvh, all_see, any_see, last_key, row_ok, d, d_ok, n,
+        scale_log2, HEAD_DIM == DIM, PRECISION, BLOCK_N,
+    )  # fmt: skip
     for start in range(own_start, own_end, BLOCK_N):  # packed rows: their own question's rows
         own = start + n
         key_ok = own < own_end
@@ -186,10 +214,11 @@ def cascade_attention(
     """Attention of every row of a static forward, in one launch; `StaticPlan`'s layout (see `attention`).
 
     q: [R, H, D] (the first `doc_rows` rows are document rows, the rest packed rows); k/v: [R, Hkv, D] this
-    forward's keys and values; kbuf/vbuf: [C, Hkv, D] with the cached prefix at [0, p) and the document rows
-    already written at [p, p + t); cu: int32 (0, t, 0, p + t, 0, packed rows, real packed rows, 0); row_slot:
-    int64 [N] each real packed row's question g and place s as g·S + s (questions are runs of consecutive rows);
-    own_mask: bool [G, S, S] place i of question g sees place j. Returns out [R, H, D]: padding rows are 0.
+    forward's keys and values; kbuf/vbuf: [C, Hkv, D] with the cached prefix at [0, p): the document rows' keys
+    and values (the first `doc_rows` of k/v) are written at [p, p + doc_rows); cu: int32 (0, t, 0, p + t, 0,
+    packed rows, real packed rows, 0), t real document rows; row_slot: int64 [N] each real packed row's question
+    g and place s as g·S + s (questions are runs of consecutive rows); own_mask: bool [G, S, S] place i of
+    question g sees place j. Returns out [R, H, D]: padding rows are 0.
     """
     rows, heads, head_dim = q.shape
     kv_heads = kbuf.shape[1]
