@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from transformers import AutoTokenizer
 
 from typedlm.errors import ModelError
-from typedlm.prompt import SYSTEM_PROMPT, ChatLayout, question_block, render_text
+from typedlm.prompt import SYSTEM_PROMPT, ChatLayout, common_prefix_length, question_block, render_text
 from typedlm.questions import ChoiceQuestion, NoulQuestion, ScoreQuestion
 
 QUESTIONS = [
@@ -150,3 +152,20 @@ def test_a_cut_that_fails_its_check_tokenizes_every_prompt_whole(tokenizer, monk
     for question, suffix in zip(QUESTIONS, tokenized.suffix_ids, strict=True):
         whole = layout.encode(layout.prefix_text("plain text") + layout.suffix_text(question))
         assert tokenized.prefix_ids + suffix == whole
+
+
+def test_common_prefix_length_equals_a_walk_id_by_id():
+    rng = random.Random(0)
+    for _ in range(300):
+        first = [rng.randint(0, 3) for _ in range(rng.randint(0, 700))]  # long runs cross the compared chunks
+        others = []
+        for _ in range(rng.randint(1, 3)):
+            other = first[: rng.randint(0, len(first))] + [rng.randint(0, 3) for _ in range(rng.randint(0, 600))]
+            others.append(tuple(other) if rng.random() < 0.5 else other)  # lists and tuples alike
+        want = len(first)
+        for other in others:
+            shared = 0
+            while shared < min(len(first), len(other)) and first[shared] == other[shared]:
+                shared += 1
+            want = min(want, shared)
+        assert common_prefix_length(first, *others) == want

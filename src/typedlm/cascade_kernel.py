@@ -150,7 +150,7 @@ def _cascade_kernel(
         first = (pid - doc_blocks) * TOKENS
         packed = first + token
         row_ok = (packed < real) & head_ok
-        stored = row_ok
+        stored = (packed < tl.load(CU + 5)) & head_ok  # padding rows get zeros
         row = doc_rows + packed
         place = tl.load(ROW_SLOT + packed, mask=packed < real, other=0).to(tl.int32)
         segment = place // width
@@ -226,7 +226,7 @@ def cascade_attention(
     for x in (q, k, v, kbuf, vbuf):
         assert x.stride(-1) == 1, "the head dimension must be contiguous"
     assert k.stride() == v.stride() and kbuf.stride() == vbuf.stride()
-    out = torch.zeros_like(q)  # padding rows stay 0
+    out = torch.empty_like(q)  # every row is written, padding rows with 0
     group_rows = triton.next_power_of_2(groups)
     tokens = max(BLOCK_ROWS // group_rows, MIN_ROWS // group_rows, 1)  # a program's rows: tokens × group_rows
     doc_blocks = triton.cdiv(doc_rows, tokens)

@@ -26,8 +26,6 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
 from typedlm.errors import ModelError
 from typedlm.labels import choice_labels, score_labels
 from typedlm.questions import ChoiceQuestion, NoulQuestion, Question, ScoreQuestion, Text
@@ -43,6 +41,7 @@ QUESTION_LEAD = "\n\n"
 DOCUMENT_CACHE_ENTRIES = 64  # documents whose prefix ids and checked cut are remembered
 TAIL_TOKENS = 48  # the prefix's last tokens, re-tokenized with the first question to check the cut
 TAIL_CACHE_ENTRIES = 8192  # suffixes whose ids after the document close are remembered
+PREFIX_CHUNK = 256  # token ids compared at a time by common_prefix_length
 WORD_JOINER = "\u2060"  # invisible; breaks a control-token string in user text into plain text
 _STATE = "\x00typedlm-state\x00"
 _QUESTION = "\x00typedlm-question\x00"
@@ -93,14 +92,16 @@ def question_block(question: Question) -> str:
 
 def common_prefix_length(first: Sequence[int], *others: Sequence[int]) -> int:
     """How many leading token ids `first` shares with every one of `others`."""
-    reference = np.asarray(first, dtype=np.int64)
-    n = len(reference)
+    n = len(first)
     for other in others:
-        other = np.asarray(other, dtype=np.int64)
         n = min(n, len(other))
-        differ = np.flatnonzero(reference[:n] != other[:n])
-        if len(differ):
-            n = int(differ[0])
+        # chunks compared as tuples (at C speed); only a chunk that differs is walked id by id
+        for start in range(0, n, PREFIX_CHUNK):
+            end = min(start + PREFIX_CHUNK, n)
+            mine, theirs = tuple(first[start:end]), tuple(other[start:end])
+            if mine != theirs:
+                n = start + next(i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b)
+                break
     return n
 
 
