@@ -2,16 +2,18 @@
 
     python benchmarks/fused_kernels.py --random-qwen3-0.6b --tokenizer DIR
 
-Three deciders over one model, each capturing its CUDA graphs in turn:
+Three deciders, each capturing its CUDA graphs in turn:
 
 - `own`: the model's own small operations, torch's attention kernels (cascade split and merged);
-- `fused`: norms, rotary and SwiGLU as liger-kernel's Triton kernels (kernels.py), torch's attention kernels;
-- `attention`: the same, and the attention as one Triton kernel per row kind (cascade_kernel.py).
+- `fused`: norms, rotary and SwiGLU as liger-kernel's Triton kernels, gate and up projections as one product
+  (kernels.py), torch's attention kernels;
+- `attention`: the same, and the attention as one Triton launch per layer (cascade_kernel.py).
 
-Captured graphs keep the kernels they recorded, so all three replay side by side on the same documents and
-questions (P ≈ 1266 tokens, Q noul questions). Reports, per Q, the median graph replay alone and the median
-whole request (`decide`, host work included), in alternating rounds, and how far each decider's answers are
-from `own`'s. Ends with one JSON line.
+`own` runs on its own copy of the model (the same seeded weights): fusing moves the other copy's gate/up
+weights into one tensor, which graphs captured before would not see. Captured graphs keep the kernels they
+recorded, so all three replay side by side on the same documents and questions (P ≈ 1266 tokens, Q noul
+questions). Reports, per Q, the median graph replay alone and the median whole request (`decide`, host work
+included), in alternating rounds, and how far each decider's answers are from `own`'s. Ends with one JSON line.
 """
 
 from __future__ import annotations
@@ -61,14 +63,18 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=20)
     args = parser.parse_args()
-    if args.random_qwen3_06b:
-        loaded = random_qwen3_06b(Path(args.tokenizer), "cuda", args.dtype)
-    else:
-        loaded = load_model(args.model, "cuda", args.dtype)
+
+    def load():
+        if args.random_qwen3_06b:
+            return random_qwen3_06b(Path(args.tokenizer), "cuda", args.dtype)
+        return load_model(args.model, "cuda", args.dtype)
+
+    own_copy, loaded = load(), load()
     unfuse_rope(loaded.model)
     deciders, slots, work = {}, {}, {}
     for name, options in VARIANTS.items():
-        decider = deciders[name] = Decider(loaded, prefix_cache_bytes=0, calibration="raw", **options)
+        model = own_copy if name == "own" else loaded
+        decider = deciders[name] = Decider(model, prefix_cache_bytes=0, calibration="raw", **options)
         print(f"{name}: {decider.engine.fusion or 'the model own kernels'}")
         for q in args.questions:
             questions = work.setdefault(q, make_questions(q))

@@ -324,6 +324,7 @@ def main() -> None:
         "repeats": args.repeats,
         "torch": torch.__version__,
         "fused_kernels": str(decider.engine.fusion) if decider.engine.fusion else None,
+        "attention_kernel": bool(decider.engine.runner and decider.engine.runner.attention_kernel),
         "model_mb": round(sum(t.numel() * t.element_size() for t in loaded.model.parameters()) / 2**20, 1),
     }
     report = {**meta, "rows": rows, "fits": fits}

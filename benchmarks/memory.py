@@ -57,6 +57,7 @@ def main() -> None:
         "prefix_tokens": len(decider.layout.tokenize(state, list(questions.values())).prefix_ids),
         "cuda_graphs": runner is not None,
         "fused_kernels": str(decider.engine.fusion) if decider.engine.fusion else None,
+        "attention_kernel": bool(decider.engine.runner and decider.engine.runner.attention_kernel),
         "weights_mb": mb(weights),
         "kv_buffer_mb": mb(runner.kv.numel() * runner.kv.element_size()) if runner else 0.0,
         "peak_allocated_mb": mb(torch.cuda.max_memory_allocated()),

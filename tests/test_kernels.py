@@ -8,9 +8,11 @@ import sys
 import pytest
 import torch
 
-from typedlm.kernels import agrees, fuse, reference_ops, unfuse_rope
+from typedlm.kernels import CAPTURED, agrees, fuse, reference_ops, unfuse_rope
 
-from .conftest import tiny_model
+from .conftest import needs_triton, tiny_model
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @pytest.fixture
@@ -32,6 +34,8 @@ def test_reference_kernels_swap_in_and_keep_the_outputs(family, ids):
         assert report.norms > 0 and report.mlps == model.config.num_hidden_layers and report.rope, report
         assert not report.kept, report
         assert agrees(_logits(model, ids), want)
+        mlp = model.model.layers[0].mlp  # gate and up now run as one product: their weights share one tensor
+        assert mlp.gate_proj.weight.untyped_storage().data_ptr() == mlp.up_proj.weight.untyped_storage().data_ptr()
     finally:
         unfuse_rope(model)
 
@@ -75,10 +79,35 @@ def test_fusing_twice_swaps_once(ids):
     try:
         first = fuse(model, reference_ops())
         norm_forward = model.model.norm.forward
+        setattr(model.model, CAPTURED, True)  # the first engine captured graphs: its joined MLPs stay as they are
         second = fuse(model, reference_ops())  # a second engine over the same model
         assert (second.norms, second.mlps, second.rope) == (first.norms, first.mlps, first.rope)
+        assert not second.kept, second
         assert model.model.norm.forward is norm_forward  # swapped once, not wrapped again
         assert modeling.apply_rotary_pos_emb.__wrapped__ is original
     finally:
         unfuse_rope(model)
     assert modeling.apply_rotary_pos_emb is original
+
+
+@needs_triton
+def test_joined_silu_mul_kernel_equals_the_reference():
+    from typedlm.triton_ops import COLUMNS_PER_PROGRAM, silu_mul_joined
+
+    columns = COLUMNS_PER_PROGRAM + 37  # a partial block of columns
+    h = torch.randn(2, 5, 2 * columns, generator=torch.Generator().manual_seed(0)).to(DEVICE)
+    assert torch.allclose(silu_mul_joined(h), reference_ops().silu_mul_joined(h), atol=1e-6)
+
+
+def test_gate_and_up_stay_apart_once_graphs_were_captured(ids):
+    model = tiny_model("qwen3", 256)
+    want = _logits(model, ids)
+    setattr(model.model, CAPTURED, True)  # what a StaticRunner sets when it captures a graph of this model
+    report = fuse(model, reference_ops())
+    try:
+        mlp = model.model.layers[0].mlp
+        assert report.mlps == model.config.num_hidden_layers and any("gate/up apart" in k for k in report.kept)
+        assert mlp.gate_proj.weight.untyped_storage().data_ptr() != mlp.up_proj.weight.untyped_storage().data_ptr()
+        assert agrees(_logits(model, ids), want)
+    finally:
+        unfuse_rope(model)

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from typedlm.attention import StaticPlan, additive
+from typedlm.kernels import CAPTURED
 from typedlm.packing import PackedBatch
 
 MAX_GRAPHS = 32  # captured shapes kept (least recently used dropped)
@@ -234,6 +235,7 @@ class StaticRunner:
         return slot
 
     def _capture(self, slot: _Slot) -> None:
+        setattr(self.body, CAPTURED, True)  # `kernels.fuse` must no longer move this model's weights
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):

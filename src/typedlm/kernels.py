@@ -11,6 +11,11 @@ inputs of the model's shapes, dtype and device, and is kept only where the two a
 operation differs (Gemma's RMSNorm scales by 1 + weight, a GELU MLP, a partial rotary) keeps its own code for
 that operation, and the report says so.
 
+A SwiGLU MLP whose gate and up projections are plain linear maps of one shape runs them as ONE matrix product:
+their weights are moved into one [2F, D] tensor (each module keeps a view of its half, so no memory is added)
+and the activation reads the two halves of the product (`silu_mul_joined`). Moving weights would break CUDA
+graphs already captured on the model, so a model that has them keeps gate and up apart.
+
 Norms and MLPs are swapped per module instance. Rotary embeddings are a module-level function of the model's
 modeling file (`apply_rotary_pos_emb`): it is wrapped in that module, for every model of the family in this
 process; the wrapper calls the fused kernel only for CUDA tensors and the original otherwise.
@@ -18,6 +23,7 @@ process; the wrapper calls the fused kernel only for CUDA tensors and the origin
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,6 +31,7 @@ from dataclasses import dataclass, field
 import torch
 
 PROBE_ROWS = 8  # rows of the random inputs a candidate is checked on
+CAPTURED = "_typedlm_graphs_captured"  # set on a model's decoder once CUDA graphs recorded its weights' addresses
 _WRAPPED = "_typedlm_fused"  # marks a forward or rotary function already swapped (its value: the ops' name)
 
 
@@ -36,7 +43,9 @@ class FusedOps:
       x's dtype, times weight (transformers' Llama convention);
     - `silu_mul(gate [..., F], up [..., F]) -> [..., F]`: silu(gate)·up;
     - `rope(q [B, H, L, D], k [B, Hkv, L, D], cos [B, L, D], sin [B, L, D]) -> (q, k)`: rotated by halves (may
-      write into q and k).
+      write into q and k);
+    - `silu_mul_joined(h [..., 2F]) -> [..., F]`: silu(h[..., :F])·h[..., F:], for an MLP whose gate and up
+      projections run as one matrix product (None: they run apart, through `silu_mul`).
     """
 
     name: str
@@ -44,6 +53,7 @@ class FusedOps:
     rms_norm: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
     silu_mul: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     rope: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    silu_mul_joined: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def runs_on(self, x: torch.Tensor) -> bool:
         return self.device_type is None or x.device.type == self.device_type
@@ -86,17 +96,26 @@ def _reference_rope(q, k, cos, sin):
     return q * cos + rotate(q) * sin, k * cos + rotate(k) * sin
 
 
+def _reference_silu_mul_joined(h: torch.Tensor) -> torch.Tensor:
+    gate, up = h.chunk(2, dim=-1)
+    return _reference_silu_mul(gate, up)
+
+
 def reference_ops() -> FusedOps:
     """The operations in plain torch: what the fused kernels must compute."""
-    return FusedOps("reference", None, _reference_rms_norm, _reference_silu_mul, _reference_rope)
+    return FusedOps(
+        "reference", None, _reference_rms_norm, _reference_silu_mul, _reference_rope, _reference_silu_mul_joined
+    )
 
 
 def liger_ops() -> FusedOps | None:
-    """liger-kernel's Triton kernels, or None where liger-kernel (or Triton) is not installed."""
+    """liger-kernel's Triton kernels (and typedlm's joined SwiGLU), or None where liger-kernel is not installed."""
     try:
         from liger_kernel.ops.rms_norm import LigerRMSNormFunction
         from liger_kernel.ops.rope import LigerRopeFunction
         from liger_kernel.ops.swiglu import LigerSiLUMulFunction
+
+        from typedlm.triton_ops import silu_mul_joined
     except ImportError:
         return None
     return FusedOps(
@@ -105,6 +124,7 @@ def liger_ops() -> FusedOps | None:
         lambda x, weight, eps: LigerRMSNormFunction.apply(x, weight, eps, 0.0, "llama", False),
         LigerSiLUMulFunction.apply,
         lambda q, k, cos, sin: LigerRopeFunction.apply(q, k, cos, sin),
+        silu_mul_joined,
     )
 
 
@@ -124,10 +144,33 @@ def _norm_forward(module: torch.nn.Module, original: Callable, ops: FusedOps) ->
     return forward
 
 
+def _joinable(module: torch.nn.Module) -> bool:
+    """Gate and up are plain bias-free linear maps of one shape: they can run as one matrix product."""
+    gate, up = module.gate_proj, module.up_proj
+    return (
+        type(gate) is type(up) is torch.nn.Linear
+        and gate.bias is None
+        and up.bias is None
+        and gate.weight.shape == up.weight.shape
+    )
+
+
+def _join_gate_up(module: torch.nn.Module) -> torch.Tensor:
+    """One [2F, D] weight, gate's rows then up's; the two modules' weights become views of it (no copy kept)."""
+    joined = torch.cat([module.gate_proj.weight.detach(), module.up_proj.weight.detach()])
+    rows = module.gate_proj.weight.shape[0]
+    module.gate_proj.weight.data, module.up_proj.weight.data = joined[:rows], joined[rows:]
+    return joined
+
+
 def _mlp_forward(module: torch.nn.Module, original: Callable, ops: FusedOps) -> Callable:
+    joined = _join_gate_up(module) if ops.silu_mul_joined is not None and _joinable(module) else None
+
     def forward(x: torch.Tensor) -> torch.Tensor:
         if not ops.runs_on(x):
             return original(x)
+        if joined is not None:
+            return module.down_proj(ops.silu_mul_joined(torch.nn.functional.linear(x, joined)))
         return module.down_proj(ops.silu_mul(module.gate_proj(x), module.up_proj(x)))
 
     return forward
@@ -162,8 +205,14 @@ def _norm_agrees(module: torch.nn.Module, ops: FusedOps) -> bool:
 
 
 def _mlp_agrees(module: torch.nn.Module, ops: FusedOps) -> bool:
+    """The fused MLP as `_mlp_forward` will run it (gate and up joined where they can be) against the module's."""
     x = _probe((PROBE_ROWS, module.gate_proj.in_features), module.gate_proj.weight)
-    return agrees(module.down_proj(ops.silu_mul(module.gate_proj(x), module.up_proj(x))), module.forward(x))
+    if ops.silu_mul_joined is not None and _joinable(module):
+        joined = torch.cat([module.gate_proj.weight, module.up_proj.weight])
+        got = module.down_proj(ops.silu_mul_joined(torch.nn.functional.linear(x, joined)))
+    else:
+        got = module.down_proj(ops.silu_mul(module.gate_proj(x), module.up_proj(x)))
+    return agrees(got, module.forward(x))
 
 
 def _swap_forwards(
@@ -247,6 +296,11 @@ def fuse(model: torch.nn.Module, ops: FusedOps) -> FusionReport:
     if not ops.runs_on(next(model.parameters())):
         report.kept.append(f"everything (these kernels need {ops.device_type})")
         return report
+    to_join = [m for m in model.modules() if _is_gated_mlp(m) and getattr(m.forward, _WRAPPED, None) != ops.name]
+    if ops.silu_mul_joined is not None and to_join and any(getattr(m, CAPTURED, False) for m in model.modules()):
+        # joining moves the gate/up weights, and graphs captured earlier would read their old memory
+        ops = dataclasses.replace(ops, silu_mul_joined=None)
+        report.kept.append("gate/up apart (CUDA graphs already captured on this model)")
     report.norms = _swap_forwards(model, ops, report, _is_rms_norm, _norm_agrees, _norm_forward)
     report.mlps = _swap_forwards(model, ops, report, _is_gated_mlp, _mlp_agrees, _mlp_forward)
     _fuse_rope(model, ops, report)
