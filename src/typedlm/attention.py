@@ -16,7 +16,8 @@ document and every question can run in ONE forward.
 
 A `StaticPlan` runs the same cascade with fixed shapes, so that a whole forward can be captured once as a
 CUDA graph and replayed (see `graphs`): rows are padded to buckets, the lengths that vary live in device
-tensors, and the keys/values go to a preallocated buffer instead of a growing cache.
+tensors, and the keys/values go to a preallocated buffer instead of a growing cache. With `StaticPlan.kernel`
+the whole cascade of a layer runs as `cascade_kernel`'s one Triton launch instead (CUDA, 16-bit models).
 
 It is registered as the attention implementation "typedlm_cascade"; a forward without a `typedlm_plan`
 keyword, and sliding-window layers, fall through to transformers' SDPA with the masks they were given.

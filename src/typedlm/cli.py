@@ -105,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-fused-kernels",
         dest="fused_kernels",
         action="store_false",
-        help="on CUDA, keep the model's own norms, MLPs and rotary instead of liger-kernel's fused ones",
+        help="on CUDA, keep the model's own norms, MLPs and rotary and torch's attention kernels",
     )
     evaluate = commands.add_parser("eval", help="score labeled examples: accuracy, ECE, Brier, NLL, coverage")
     evaluate.add_argument("data", help=f"a dataset ({', '.join(DATASETS)}) or a JSONL file of examples")
@@ -190,6 +190,8 @@ def serve(args: argparse.Namespace) -> int:
     )
     if decider.engine.fusion is not None:
         print(f"typedlm: {decider.engine.fusion}", file=sys.stderr)
+    if decider.engine.runner is not None and decider.engine.runner.attention_kernel:
+        print("typedlm: cascade attention as one Triton kernel per layer", file=sys.stderr)
     elif args.device.startswith("cuda") and args.fused_kernels:
         print("typedlm: fused kernels off (pip install 'typedlm[cuda]' for liger-kernel)", file=sys.stderr)
     auth = f"{len(settings.api_keys)} API key(s)" if settings.api_keys else "auth off"
