@@ -5,15 +5,16 @@
 Three deciders, each capturing its CUDA graphs in turn:
 
 - `own`: the model's own small operations, torch's attention kernels (cascade split and merged);
-- `fused`: norms, rotary and SwiGLU as liger-kernel's Triton kernels, gate and up projections as one product
-  (kernels.py), torch's attention kernels;
+- `fused`: norms, rotary and SwiGLU as Triton kernels (liger-kernel's rotary and SwiGLU, typedlm's RMSNorm),
+  gate and up projections as one product (kernels.py), torch's attention kernels;
 - `attention`: the same, and the attention as one Triton launch per layer (cascade_kernel.py).
 
 `own` runs on its own copy of the model (the same seeded weights): fusing moves the other copy's gate/up
 weights into one tensor, which graphs captured before would not see. Captured graphs keep the kernels they
 recorded, so all three replay side by side on the same documents and questions (P ≈ 1266 tokens, Q noul
 questions). Reports, per Q, the median graph replay alone and the median whole request (`decide`, host work
-included), in alternating rounds, and how far each decider's answers are from `own`'s. Ends with one JSON line.
+included), in alternating rounds, and how far each decider's answers are from `own`'s; then liger-kernel's
+RMSNorm against typedlm's on the model's norm shapes, each graphed. Ends with one JSON line.
 """
 
 from __future__ import annotations
@@ -50,6 +51,48 @@ def median_ms(fn, repeats: int) -> float:
         torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
     return 1e3 * statistics.median(times)
+
+
+def graphed_us(fn, repeats: int, calls: int = 20) -> float:
+    """Median µs of one call of `fn`, `calls` calls captured in one CUDA graph and replayed `repeats` times."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()  # compiles outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    return 1e3 * median_ms(graph.replay, repeats) / calls
+
+
+def norm_rows(model: torch.nn.Module, questions: list[int], prefix_tokens: int, repeats: int) -> list[dict]:
+    """liger-kernel's RMSNorm against typedlm's (triton_ops.rms_norm) on this model's norm shapes, side by side."""
+    from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+
+    from typedlm.triton_ops import rms_norm
+
+    config = model.config.get_text_config()
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    shapes = {"hidden": (config.hidden_size,), "q heads": (config.num_attention_heads, head_dim)}
+    shapes["k heads"] = (config.num_key_value_heads, head_dim)
+    dtype = next(model.parameters()).dtype
+    rows = []
+    for q in questions:
+        tokens = prefix_tokens + 31 * q
+        for name, shape in shapes.items():
+            x = torch.randn(1, tokens, *shape, device="cuda", dtype=dtype)
+            weight = torch.randn(shape[-1], device="cuda", dtype=dtype)
+            liger = graphed_us(
+                lambda x=x, w=weight: LigerRMSNormFunction.apply(x, w, 1e-6, 0.0, "llama", False), repeats
+            )
+            own = graphed_us(lambda x=x, w=weight: rms_norm(x, w, 1e-6), repeats)
+            row = {"questions": q, "norm": name, "tokens": tokens, "liger_us": round(liger, 2)}
+            rows.append({**row, "typedlm_us": round(own, 2)})
+            size = " × ".join(map(str, shape))
+            print(f"RMSNorm Q={q:>3} {name:<8} [{tokens} × {size}]  liger {liger:6.2f} µs  typedlm {own:6.2f} µs")
+    return rows
 
 
 def main() -> None:
@@ -122,6 +165,7 @@ def main() -> None:
         "rounds": args.rounds,
         "repeats": args.repeats,
         "rows": rows,
+        "rms_norm": norm_rows(loaded.model, args.questions, args.prefix_tokens, args.repeats),
     }
     print(json.dumps(report))
 

@@ -91,12 +91,14 @@ def test_fusing_twice_swaps_once(ids):
 
 
 @needs_triton
-def test_joined_silu_mul_kernel_equals_the_reference():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_joined_silu_mul_kernel_equals_the_reference(dtype):
     from typedlm.triton_ops import COLUMNS_PER_PROGRAM, silu_mul_joined
 
     columns = COLUMNS_PER_PROGRAM + 37  # a partial block of columns
-    h = torch.randn(2, 5, 2 * columns, generator=torch.Generator().manual_seed(0)).to(DEVICE)
-    assert torch.allclose(silu_mul_joined(h), reference_ops().silu_mul_joined(h), atol=1e-6)
+    h = torch.randn(2, 5, 2 * columns, generator=torch.Generator().manual_seed(0)).to(dtype).to(DEVICE)
+    got, want = silu_mul_joined(h), reference_ops().silu_mul_joined(h)
+    assert got.dtype == want.dtype and agrees(got, want)
 
 
 def test_gate_and_up_stay_apart_once_graphs_were_captured(ids):
@@ -111,3 +113,18 @@ def test_gate_and_up_stay_apart_once_graphs_were_captured(ids):
         assert agrees(_logits(model, ids), want)
     finally:
         unfuse_rope(model)
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(2, 5, 1024), (1, 7, 16, 128), (3, 96)])  # hidden, per head, not a power of two
+def test_rms_norm_kernel_equals_the_reference(shape, dtype):
+    from typedlm.kernels import _reference_rms_norm
+    from typedlm.triton_ops import rms_norm
+
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(shape, generator=generator).to(dtype).to(DEVICE)
+    weight = torch.randn(shape[-1], generator=generator).to(dtype).to(DEVICE)
+    got, want = rms_norm(x, weight, 1e-6), _reference_rms_norm(x, weight, 1e-6)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    assert agrees(got, want)

@@ -109,19 +109,19 @@ def reference_ops() -> FusedOps:
 
 
 def liger_ops() -> FusedOps | None:
-    """liger-kernel's Triton kernels (and typedlm's joined SwiGLU), or None where liger-kernel is not installed."""
+    """Triton kernels: liger-kernel's rotary and SwiGLU product, typedlm's RMSNorm and joined SwiGLU
+    (`triton_ops`); None where liger-kernel (or Triton) is not installed."""
     try:
-        from liger_kernel.ops.rms_norm import LigerRMSNormFunction
         from liger_kernel.ops.rope import LigerRopeFunction
         from liger_kernel.ops.swiglu import LigerSiLUMulFunction
 
-        from typedlm.triton_ops import silu_mul_joined
+        from typedlm.triton_ops import rms_norm, silu_mul_joined
     except ImportError:
         return None
     return FusedOps(
-        "liger",
+        "triton",
         "cuda",
-        lambda x, weight, eps: LigerRMSNormFunction.apply(x, weight, eps, 0.0, "llama", False),
+        rms_norm,
         LigerSiLUMulFunction.apply,
         lambda q, k, cos, sin: LigerRopeFunction.apply(q, k, cos, sin),
         silu_mul_joined,

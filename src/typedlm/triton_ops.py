@@ -1,5 +1,8 @@
 """Small Triton kernels for the layers' operations that no installed library fuses the way typedlm needs.
 
+`rms_norm(x, weight, eps)`: RMSNorm with several rows per program (liger-kernel's runs one program per row
+for most shapes, which for a q/k norm over 128 values means tens of thousands of tiny programs).
+
 `silu_mul_joined(h)`: a SwiGLU MLP's activation when its gate and up projections run as ONE matrix product
 (`kernels` joins their weights): h [..., 2F] holds the gate's outputs then the up's, and the result is
 silu(gate)·up [..., F], read from the two halves in place (no split copies).
@@ -12,6 +15,7 @@ import triton
 import triton.language as tl
 
 COLUMNS_PER_PROGRAM = 1024
+ELEMENTS_PER_PROGRAM = 4096  # rms_norm: rows per program × the row's length rounded up to a power of two
 
 
 @triton.jit
@@ -21,7 +25,8 @@ def _silu_mul_joined_kernel(H, OUT, columns, stride_h, stride_out, BLOCK: tl.con
     inside = column < columns
     gate = tl.load(H + row * stride_h + column, mask=inside, other=0.0).to(tl.float32)
     up = tl.load(H + row * stride_h + columns + column, mask=inside, other=0.0)
-    tl.store(OUT + row * stride_out + column, (gate * tl.sigmoid(gate)).to(up.dtype) * up, mask=inside)
+    activated = (gate * tl.sigmoid(gate)).to(up.dtype).to(tl.float32)  # rounded as silu(gate) would be
+    tl.store(OUT + row * stride_out + column, activated * up.to(tl.float32), mask=inside)
 
 
 def silu_mul_joined(h: torch.Tensor) -> torch.Tensor:
@@ -32,3 +37,36 @@ def silu_mul_joined(h: torch.Tensor) -> torch.Tensor:
     grid = (rows.shape[0], triton.cdiv(columns, COLUMNS_PER_PROGRAM))
     _silu_mul_joined_kernel[grid](rows, out, columns, rows.stride(0), out.stride(0), BLOCK=COLUMNS_PER_PROGRAM)
     return out.view(*h.shape[:-1], columns)
+
+
+@triton.jit
+def _rms_norm_kernel(X, W, Y, rows, columns, stride_x, stride_y, eps, ROWS: tl.constexpr, COLUMNS: tl.constexpr):
+    row = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    column = tl.arange(0, COLUMNS)
+    inside = (row < rows)[:, None] & (column < columns)[None, :]
+    row = row.to(tl.int64)
+    x = tl.load(X + row[:, None] * stride_x + column[None, :], mask=inside, other=0.0)
+    x32 = x.to(tl.float32)
+    normed = x32 * tl.rsqrt(tl.sum(x32 * x32, 1) / columns + eps)[:, None]
+    weight = tl.load(W + column, mask=column < columns, other=0.0).to(tl.float32)
+    # the product of two rounded values, rounded once more on the store (as weight · normed.to(x's dtype) is)
+    y = weight[None, :] * normed.to(x.dtype).to(tl.float32)
+    tl.store(Y + row[:, None] * stride_y + column[None, :], y, mask=inside)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [..., D] -> weight · (x·rsqrt(mean(x²) + eps) in float32, cast to x's dtype): the Llama convention.
+
+    Several rows per program (ELEMENTS_PER_PROGRAM in all), so short rows (a head's 128 values for a q/k norm)
+    do not cost one program each.
+    """
+    columns = x.shape[-1]
+    rows = x.reshape(-1, columns)  # a view where x is contiguous
+    out = torch.empty(rows.shape, dtype=torch.result_type(weight, x), device=x.device)
+    block = triton.next_power_of_2(columns)
+    per_program = max(ELEMENTS_PER_PROGRAM // block, 1)
+    grid = (triton.cdiv(rows.shape[0], per_program),)
+    _rms_norm_kernel[grid](
+        rows, weight, out, rows.shape[0], columns, rows.stride(0), out.stride(0), eps, ROWS=per_program, COLUMNS=block
+    )
+    return out.view(x.shape)
