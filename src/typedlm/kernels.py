@@ -3,8 +3,9 @@
 transformers runs a Llama-family layer's small operations as chains of elementwise kernels, in float32 (an
 RMSNorm is six kernels, a rotary embedding about ten). On a GPU, under a CUDA graph, those kernels and their
 memory traffic took more time than the matrix products (see benchmarks/README.md). `fuse(model, ops)` swaps
-each for one kernel; `liger_ops()` gives liger-kernel's Triton kernels where it is installed
-(`pip install 'typedlm[cuda]'`), `reference_ops()` the same operations in plain torch (any device: tests).
+each for one kernel; `liger_ops()` gives Triton kernels where liger-kernel is installed (`pip install
+'typedlm[cuda]'`: its rotary and SwiGLU product, with typedlm's own RMSNorm and joined SwiGLU from
+`triton_ops`), `reference_ops()` the same operations in plain torch (any device: tests).
 
 Nothing is swapped on trust. Each candidate runs beside the module or function it would replace, on random
 inputs of the model's shapes, dtype and device, and is kept only where the two agree (`agrees`). A family whose
