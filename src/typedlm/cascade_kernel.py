@@ -88,7 +88,7 @@ def _attend_keys(
 @triton.jit
 def _cascade_kernel(
     Q,  # [R, H, D] this forward's queries
-    KB,  # [C, Hkv, D] key buffer: the cached prefix at [0, p); the document's keys are written at [p, p + T)
+    KB,  # [C, Hkv, D] key buffer: the cached prefix at [0, p); the document rows' keys are written after it
     VB,
     KR,  # [R, Hkv, D] this forward's keys: the document's, then the packed rows'
     VR,
@@ -226,7 +226,7 @@ def cascade_attention(
     for x in (q, k, v, kbuf, vbuf):
         assert x.stride(-1) == 1, "the head dimension must be contiguous"
     assert k.stride() == v.stride() and kbuf.stride() == vbuf.stride()
-    out = torch.empty_like(q)  # every row is written, padding rows with 0
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # every row is written (padding rows: 0)
     group_rows = triton.next_power_of_2(groups)
     tokens = max(BLOCK_ROWS // group_rows, MIN_ROWS // group_rows, 1)  # a program's rows: tokens × group_rows
     doc_blocks = triton.cdiv(doc_rows, tokens)

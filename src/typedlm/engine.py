@@ -58,7 +58,7 @@ class Engine:
     With `fused_kernels` (default: on CUDA, where liger-kernel is installed) the layers' norms, SwiGLU
     products and rotary embeddings run as fused kernels, each checked against the model's own (see `kernels`).
     With `attention_kernel` (default: on CUDA for 16-bit models where Triton is installed, unless
-    `fused_kernels=False`) the static forward's attention runs as one Triton kernel per row kind (see
+    `fused_kernels=False`) the static forward's attention runs as one Triton launch per layer (see
     `cascade_kernel`); on a CPU it runs in Triton's interpreter (tests).
     """
 

@@ -150,7 +150,7 @@ class StaticRunner:
 
     `body` is the model without its head, its attention set to the cascade; `head` maps hidden states [R, D]
     to log-probabilities [R, V]. With `attention_kernel` a layer's attention runs as `cascade_kernel`'s one
-    Triton kernel per row kind (on a CPU: in Triton's interpreter).
+    Triton launch (on a CPU: in Triton's interpreter).
     """
 
     def __init__(
