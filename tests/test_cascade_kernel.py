@@ -111,3 +111,11 @@ def test_kernel_takes_strided_rows():
     strided = cascade_attention(q, k, v, *args)
     dense = cascade_attention(q.contiguous(), k.contiguous(), v.contiguous(), *args)
     assert torch.equal(strided, dense)
+
+
+@pytest.mark.parametrize("heads, kv_heads, dim", [(4, 2, 16), (7, 1, 24)])
+def test_the_engines_probe_passes_here(heads, kv_heads, dim):
+    """`kernel_agrees`, which an engine runs before it uses the kernel, compares it with plain attention."""
+    from typedlm.attention import kernel_agrees
+
+    assert kernel_agrees(heads, kv_heads, dim, torch.float32, torch.device(DEVICE))

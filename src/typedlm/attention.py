@@ -99,6 +99,58 @@ def kernel_available() -> bool:
     return True
 
 
+# A small static forward for `kernel_agrees`: p cached keys, t of doc_rows document rows, then questions of
+# (first packed row, rows) with a causal chain each, in packed_rows rows (the last ones padding).
+_PROBE = dict(p=5, t=21, doc_rows=24, questions=((0, 6), (6, 8), (14, 3)), packed_rows=20, width=8)
+
+
+@torch.inference_mode()
+def kernel_agrees(heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether `cascade_kernel` runs here for these shapes and computes what `plain_attention` computes.
+
+    Runs it on a small random forward (a cached prefix, padded document rows, three questions and padding) and
+    compares every real row with plain float32 attention under the explicit mask. False where Triton cannot
+    compile or launch it for this device (too little shared memory, an unsupported dtype) or it disagrees.
+    """
+    from typedlm import cascade_kernel
+
+    p, t, doc_rows, width, packed_rows = (_PROBE[k] for k in ("p", "t", "doc_rows", "width", "packed_rows"))
+    questions = _PROBE["questions"]
+    rows = doc_rows + packed_rows
+    generator = torch.Generator().manual_seed(0)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(shape, generator=generator).to(dtype=dtype, device=device)
+
+    q, k, v = rand(rows, heads, head_dim), rand(rows, kv_heads, head_dim), rand(rows, kv_heads, head_dim)
+    kbuf, vbuf = rand(p + doc_rows, kv_heads, head_dim), rand(p + doc_rows, kv_heads, head_dim)
+    own_mask = torch.eye(width, dtype=torch.bool).repeat(len(questions), 1, 1)  # [G, S, S]
+    row_slot, visible = [], torch.zeros(rows, p + rows, dtype=torch.bool)  # over keys: prefix, this forward's rows
+    for i in range(t):
+        visible[i, : p + i + 1] = True
+    for g, (start, n) in enumerate(questions):
+        own_mask[g, :n, :n] = torch.ones(n, n, dtype=torch.bool).tril()
+        row_slot += [g * width + s for s in range(n)]
+        for s in range(n):
+            visible[doc_rows + start + s, : p + t] = True
+            visible[doc_rows + start + s, p + doc_rows + start : p + doc_rows + start + s + 1] = True
+    cu = torch.tensor([0, t, 0, p + t, 0, packed_rows, len(row_slot), 0], dtype=torch.int32, device=device)
+    scale = head_dim**-0.5
+    keys, values = torch.cat([kbuf[:p], k]), torch.cat([vbuf[:p], v])  # before the kernel writes the buffer
+    try:
+        row_slot_t, own_mask_t = torch.tensor(row_slot, device=device), own_mask.to(device)
+        got = cascade_kernel.cascade_attention(q, k, v, kbuf, vbuf, cu, row_slot_t, own_mask_t, doc_rows, scale)
+    except Exception:  # any failure to compile or launch: not on this device
+        return False
+    groups = heads // kv_heads
+    keys, values = (x.float().repeat_interleave(groups, dim=1).transpose(0, 1)[None] for x in (keys, values))
+    real = visible.any(dim=1)  # rows that see something: the padding rows are 0 instead
+    want, _ = plain_attention(q.float().transpose(0, 1)[None], keys, values, scale, mask=visible.to(device)[None, None])
+    want = want[0].transpose(0, 1)[real.to(device)]
+    tolerance = 1e-4 if dtype == torch.float32 else 3e-2
+    return bool((got[real.to(device)].float() - want).abs().max().item() <= tolerance)
+
+
 def _merge(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor) -> torch.Tensor:
     """Attention over the union of two disjoint key sets, from each set's output and log-sum-exp."""
     # out: [..., L, D], lse: [..., L] float32. Set a's share of the softmax mass is

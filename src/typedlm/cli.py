@@ -192,6 +192,8 @@ def serve(args: argparse.Namespace) -> int:
         print(f"typedlm: {decider.engine.fusion}", file=sys.stderr)
     if decider.engine.runner is not None and decider.engine.runner.attention_kernel:
         print("typedlm: cascade attention as one Triton kernel per layer", file=sys.stderr)
+    elif decider.engine.runner is not None and args.fused_kernels:
+        print("typedlm: cascade attention with torch's kernels (no Triton kernel for this model here)", file=sys.stderr)
     elif args.device.startswith("cuda") and args.fused_kernels:
         print("typedlm: fused kernels off (pip install 'typedlm[cuda]' for liger-kernel)", file=sys.stderr)
     auth = f"{len(settings.api_keys)} API key(s)" if settings.api_keys else "auth off"

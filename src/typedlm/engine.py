@@ -26,7 +26,7 @@ import torch
 from transformers import DynamicCache
 
 from typedlm.attention import IMPLEMENTATION as CASCADE
-from typedlm.attention import CascadePlan, kernel_available
+from typedlm.attention import CascadePlan, kernel_agrees, kernel_available
 from typedlm.errors import ModelError
 from typedlm.graphs import StaticRunner
 from typedlm.kernels import FusionReport, fuse, liger_ops
@@ -57,9 +57,10 @@ class Engine:
     bucketed shapes and replays it as a CUDA graph; `static=True` on a CPU runs that path eagerly.
     With `fused_kernels` (default: on CUDA, where liger-kernel is installed) the layers' norms, SwiGLU
     products and rotary embeddings run as fused kernels, each checked against the model's own (see `kernels`).
-    With `attention_kernel` (default: on CUDA for 16-bit models where Triton is installed, unless
-    `fused_kernels=False`) the static forward's attention runs as one Triton launch per layer (see
-    `cascade_kernel`); on a CPU it runs in Triton's interpreter (tests).
+    With `attention_kernel` (default: on CUDA for 16-bit models where Triton is installed and the kernel
+    agrees with plain attention on a probe of the model's shapes, unless `fused_kernels=False`) the static
+    forward's attention runs as one Triton launch per layer (see `cascade_kernel`); on a CPU it runs in
+    Triton's interpreter (tests).
     """
 
     def __init__(
@@ -103,11 +104,17 @@ class Engine:
         if static is None:
             static = self.device.type == "cuda"
         if attention_kernel is None:
+            heads = config.num_attention_heads
+            kv_heads = getattr(config, "num_key_value_heads", None) or heads
+            head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
             attention_kernel = (
                 fused_kernels is not False
+                and static
+                and self.fused
                 and self.device.type == "cuda"
                 and self.head_weight.dtype in (torch.float16, torch.bfloat16)
                 and kernel_available()
+                and kernel_agrees(heads, kv_heads, head_dim, self.head_weight.dtype, self.device)
             )
         self.runner = (
             StaticRunner(
