@@ -183,7 +183,7 @@ def _cascade_kernel(
         key_ok = own < own_end
         own_place = tl.load(ROW_SLOT + own, mask=key_ok, other=0).to(tl.int32)
         same = row_ok[:, None] & key_ok[None, :] & (segment[:, None] == own_place[None, :] // width)
-        seen = tl.load(MASK + place[:, None] * width + own_place[None, :] % width, mask=same, other=0)
+        seen = tl.load(MASK + place.to(tl.int64)[:, None] * width + own_place[None, :] % width, mask=same, other=0)
         k_ptrs = KR + (doc_rows + own)[None, :] * stride_rr + kvh * stride_rh + d[:, None]
         v_ptrs = VR + (doc_rows + own)[:, None] * stride_rr + kvh * stride_rh + d[None, :]
         acc, m_i, l_i = _online_step(
