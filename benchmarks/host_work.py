@@ -1,0 +1,74 @@
+"""The host work of one request without the model: tokenizing, packing and writing the static inputs.
+
+    python benchmarks/host_work.py [--questions 1 32] [--repeats 200]
+
+On a GPU a request's forward is one graph replay, so the Python around it is a visible share of its latency
+(benchmarks/README.md). This times those steps alone, on the CPU, with the embedded model's tokenizer: a
+document of P ≈ 1266 tokens (three take turns, as in latency.py, so their ids are remembered after the
+warm-up) and Q yes/no questions, as `Decider.decide` and `StaticRunner.run` do them (the prefix-cache
+lookup, the model, the answers and the graph launch are not here). Prints the median µs of each step and
+ends with one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+from transformers import AutoTokenizer
+
+sys.path.insert(0, str(Path(__file__).parent))
+from latency import make_questions, make_state
+
+from typedlm.graphs import Shape, _Slot
+from typedlm.labels import Labeler
+from typedlm.models import converted_gguf, embedded_gguf_path
+from typedlm.packing import PackedItem, pack
+from typedlm.prompt import ChatLayout
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--questions", type=int, nargs="+", default=[1, 32])
+    parser.add_argument("--prefix-tokens", type=int, default=1266)
+    parser.add_argument("--repeats", type=int, default=200)
+    args = parser.parse_args()
+    tokenizer = AutoTokenizer.from_pretrained(converted_gguf(embedded_gguf_path()))
+    layout = ChatLayout(tokenizer)
+    labels = Labeler(tokenizer, layout.answer_opening).noul()
+    states = [make_state(SimpleNamespace(layout=layout), args.prefix_tokens, v) for v in range(3)]
+    system = len(layout.system_ids)  # the cached prefix a new document follows
+    rows = []
+    for q in args.questions:
+        questions = list(make_questions(q).values())
+        slots: dict[Shape, _Slot] = {}
+        times: dict[str, list[float]] = {"tokenize": [], "pack": [], "fill": []}
+        for i in range(args.repeats + 3):  # the first three: warm-up (caches filled, as in a server)
+            start = time.perf_counter()
+            prompt = layout.tokenize(states[i % 3], questions)
+            tokenized = time.perf_counter()
+            batch = pack(len(prompt.prefix_ids), [PackedItem(ids, labels) for ids in prompt.suffix_ids])
+            packed = time.perf_counter()
+            ids = prompt.prefix_ids[system:]
+            shape = Shape.of(len(ids), batch)
+            slot = slots.get(shape) or slots.setdefault(shape, _Slot(shape, torch.device("cpu")))
+            slot.fill(ids, batch, system)
+            filled = time.perf_counter()
+            if i >= 3:
+                for name, seconds in zip(times, (tokenized - start, packed - tokenized, filled - packed)):
+                    times[name].append(1e6 * seconds)
+        row = {"questions": q, **{f"{k}_us": round(statistics.median(v), 1) for k, v in times.items()}}
+        row["total_us"] = round(sum(row[f"{k}_us"] for k in times), 1)
+        rows.append(row)
+        print("  ".join(f"{k} {v}" for k, v in row.items()))
+    print(json.dumps({"benchmark": "host_work", "repeats": args.repeats, "torch": torch.__version__, "rows": rows}))
+
+
+if __name__ == "__main__":
+    main()
