@@ -88,6 +88,7 @@ def test_static_run_equals_the_dynamic_run(family, kernel, tokenizer):
         ([], items(2, 5), system),  # nothing new after the base
         ([300 + i for i in range(90)], items(9, 12), None),  # no base at all
         ([400 + i for i in range(20)], items(1, 3), system),  # the base must be copied in again
+        ([600 + i for i in range(33)], items(3, 6), system),  # the first request's layout: its static inputs kept
     ]
     for ids, packed, base in requests:
         want, want_prefix = dynamic.run(ids, packed, base)

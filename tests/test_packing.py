@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from typedlm.labels import LabelSet
-from typedlm.packing import LAYOUT_CACHE_ENTRIES, PackedItem, _layout, pack
+from typedlm.packing import BATCH_CACHE_ENTRIES, LAYOUT_CACHE_ENTRIES, PackedItem, _batch_layout, _layout, pack
 
 
 def test_layout_of_two_questions_with_a_label_tree():
@@ -79,8 +79,13 @@ def test_layout_cache_is_bounded_and_read_only():
     layout = _layout(3, flat)
     assert not layout.parent.flags.writeable and not layout.visibility.flags.writeable
     batch = pack(0, [PackedItem([1, 2, 3], flat)])
-    batch.parent[0] = 99  # a batch's arrays are its own
-    assert _layout(3, flat).parent[0] == -1
+    assert not batch.parent.flags.writeable and not batch.read_rows.flags.writeable  # shared by the layout's batches
+    batch.input_ids[0] = 99  # the tokens and positions are each batch's own
+    batch.position_ids[0] = 99
+    again = pack(5, [PackedItem([4, 5, 6], flat)])
+    assert again.input_ids.tolist()[:3] == [4, 5, 6] and again.position_ids.tolist()[:3] == [5, 6, 7]
+    assert again.parent is batch.parent and again.layout_memo is batch.layout_memo
+    assert _batch_layout.cache_info().maxsize == BATCH_CACHE_ENTRIES
 
 
 def test_matches_the_row_by_row_layout():

@@ -160,8 +160,8 @@ class Engine:
     def _plan(self, batch: PackedBatch, cached_len: int, state_rows: int = 0) -> CascadePlan:
         """The cascade's plan: `cached_len` keys already cached, `state_rows` document rows, then the packed rows."""
         index, valid = batch.segment_index()
-        own_mask = torch.from_numpy(batch.segment_visibility()).to(self.device)
-        to_device = lambda a: torch.from_numpy(a).to(self.device)  # noqa: E731
+        own_mask = torch.tensor(batch.segment_visibility(), device=self.device)  # copies: the batch's are shared
+        to_device = lambda a: torch.tensor(a, device=self.device)  # noqa: E731
         return CascadePlan(cached_len, state_rows, to_device(index), to_device(valid), own_mask)
 
     def _masks(self, batch: PackedBatch):
@@ -248,9 +248,9 @@ class Engine:
 
     def _read(self, batch: PackedBatch, hidden: torch.Tensor) -> list[list[float]]:
         """Group masses per item from the packed rows' hidden states [N, D]: only read rows meet the head."""
-        hidden = hidden[torch.from_numpy(batch.read_rows).to(self.device)]  # [R, D]
+        hidden = hidden[torch.tensor(batch.read_rows, device=self.device)]  # [R, D]
         logprobs = self._log_softmax_head(hidden)  # [R, V]
-        rows, tokens = (torch.from_numpy(a).to(self.device) for a in (batch.step_read, batch.step_token))
+        rows, tokens = (torch.tensor(a, device=self.device) for a in (batch.step_read, batch.step_token))
         return self._masses(batch, logprobs[rows, tokens].cpu())
 
     @staticmethod
@@ -258,10 +258,10 @@ class Engine:
         """Group masses per item from each label step's log-probability [K] (on the CPU)."""
         n_forms = len(batch.form_group)
         form_logp = torch.zeros(n_forms, dtype=torch.float64).index_add_(
-            0, torch.from_numpy(batch.step_form), steps.double()
+            0, torch.tensor(batch.step_form), steps.double()
         )  # [F]
         group_mass = torch.zeros(sum(batch.groups_per_item), dtype=torch.float64).index_add_(
-            0, torch.from_numpy(batch.form_group), form_logp.exp()
+            0, torch.tensor(batch.form_group), form_logp.exp()
         )  # [G]
         masses, ends = group_mass.tolist(), itertools.accumulate(batch.groups_per_item)
         return [masses[end - n : end] for n, end in zip(batch.groups_per_item, ends)]

@@ -20,6 +20,7 @@ dynamic path on CPU. The answers equal the dynamic path's up to floating-point s
 
 from __future__ import annotations
 
+import dataclasses
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -118,31 +119,49 @@ class _Slot:
         return self.arena[lo:hi]
 
     def fill(self, ids: Sequence[int], batch: PackedBatch, cached: int) -> None:
-        """Write one request into the host arena and copy it to the device in one transfer."""
+        """Write one request into the host arena and copy it to the device in one transfer.
+
+        The fields from `own_rows` on depend only on the batch's layout and this shape's sizes: they are
+        computed once per layout (kept with it, see `PackedBatch.layout_memo`) and copied in.
+        """
         shape, t, n = self.shape, len(ids), batch.n_rows
-        self.host[:] = 0
+        start = self.views["own_rows"][0]
+        key = ("static inputs", dataclasses.replace(shape, doc_rows=0))
+        if key not in batch.layout_memo:
+            batch.layout_memo[key] = self._layout_inputs(batch)
+        self.host[start:] = batch.layout_memo[key]
+        self.host[:start] = 0
         tb = shape.doc_rows
         input_ids, positions = self.host_field("input_ids"), self.host_field("position_ids")
         input_ids[:t] = ids
         input_ids[tb : tb + n] = batch.input_ids
         positions[:tb] = np.arange(cached, cached + tb)  # padding rows continue the positions (never read)
         positions[tb : tb + n] = batch.position_ids
-        self.host_field("write_slots")[:] = np.arange(cached, cached + tb)
+        self.host_field("write_slots")[:] = positions[:tb]
         self.host_field("cu")[:] = (0, t, 0, cached + t, 0, shape.packed_rows, n, 0)
+        self.arena.copy_(torch.from_numpy(self.host))
+
+    def _layout_inputs(self, batch: PackedBatch) -> np.ndarray:
+        """The arena's fields from `own_rows` on, for this batch's layout: segments, read plan."""
+        shape, start = self.shape, self.views["own_rows"][0]
+        host = np.zeros(len(self.host) - start, dtype=np.int64)
+
+        def field(name: str) -> np.ndarray:
+            lo, hi = self.views[name]
+            return host[lo - start : hi - start]
+
         # segments: slot (g, s) holds packed row index[g, s]; padding slots see only themselves
         index, valid = batch.segment_index()
         g, s = index.shape
-        own_rows = self.host_field("own_rows").reshape(shape.segments, shape.width)
-        own_rows[:g, :s] = index
+        field("own_rows").reshape(shape.segments, shape.width)[:g, :s] = index
         own_mask = self.blank_mask.copy()  # [G, S, S] bool
         own_mask[:g, :s, :s] = batch.segment_visibility()
-        self.host_field("own_mask")[:] = np.packbits(own_mask, axis=None, bitorder="little").view(np.int64)
-        row_slot = self.host_field("row_slot")
-        row_slot[index[valid]] = (np.arange(g)[:, None] * shape.width + np.arange(s)[None])[valid]
-        self.host_field("read_rows")[: len(batch.read_rows)] = batch.read_rows
-        self.host_field("step_read")[: len(batch.step_read)] = batch.step_read
-        self.host_field("step_token")[: len(batch.step_token)] = batch.step_token
-        self.arena.copy_(torch.from_numpy(self.host))
+        field("own_mask")[:] = np.packbits(own_mask, axis=None, bitorder="little").view(np.int64)
+        field("row_slot")[index[valid]] = (np.arange(g)[:, None] * shape.width + np.arange(s)[None])[valid]
+        field("read_rows")[: len(batch.read_rows)] = batch.read_rows
+        field("step_read")[: len(batch.step_read)] = batch.step_read
+        field("step_token")[: len(batch.step_token)] = batch.step_token
+        return host
 
 
 class StaticRunner:

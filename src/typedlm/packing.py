@@ -12,14 +12,17 @@ up to each complete label: a label's probability is the product of its tokens' c
 
 An item's layout (everything but its tokens: positions, parents, read plan, visibility) depends only on
 its suffix length and label set, so it is built once and kept (`LAYOUT_CACHE_ENTRIES`, least recently
-used dropped); `pack` concatenates layouts with offsets and takes every token from the items themselves.
+used dropped). A whole batch's layout is the items' layouts joined with offsets, so it is kept too
+(`BATCH_CACHE_ENTRIES`: a server asks the same questions of many documents); `pack` copies its token ids,
+writes each suffix's tokens into their rows and moves the positions past the prefix.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass
-from functools import cached_property, lru_cache
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
 
 import numpy as np
 import torch
@@ -27,6 +30,7 @@ import torch
 from typedlm.labels import LabelSet
 
 LAYOUT_CACHE_ENTRIES = 1024  # item layouts kept, keyed by (suffix length, label set): no token ids in them
+BATCH_CACHE_ENTRIES = 256  # whole batches' layouts kept, keyed by their items' (suffix length, label set)
 
 
 @dataclass(frozen=True)
@@ -50,31 +54,41 @@ class PackedBatch:
     form_group: np.ndarray  # [F] global answer-group index of each form
     groups_per_item: list[int]  # answer groups of each item, in order
     item_visibility: tuple[np.ndarray, ...]  # per item [n, n] bool: its local row i may attend its local row j
+    # what depends only on the layout (not on the token ids or the prefix length), computed once and shared by
+    # every batch of the same layout: segments, their index and visibility, and what other modules derive
+    layout_memo: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def n_rows(self) -> int:
         return len(self.input_ids)
 
-    @cached_property
+    @property
     def segments(self) -> list[tuple[int, int]]:
         """(start, end) packed rows of each item; an item starts where a row attaches to the prefix."""
-        starts = np.flatnonzero(self.parent < 0).tolist()
-        return list(zip(starts, [*starts[1:], self.n_rows]))
+        if "segments" not in self.layout_memo:
+            starts = np.flatnonzero(self.parent < 0).tolist()
+            self.layout_memo["segments"] = list(zip(starts, [*starts[1:], self.n_rows]))
+        return self.layout_memo["segments"]
 
     def segment_visibility(self) -> np.ndarray:
-        """[G, S, S] bool, S = the longest item: local row i of item g may attend its local row j."""
-        width = max((len(block) for block in self.item_visibility), default=0)
-        visible = np.zeros((len(self.item_visibility), width, width), dtype=bool)
-        for g, block in enumerate(self.item_visibility):  # padding rows see nothing
-            visible[g, : len(block), : len(block)] = block
-        return visible
+        """[G, S, S] bool, S = the longest item: local row i of item g may attend its local row j. Read-only."""
+        if "segment_visibility" not in self.layout_memo:
+            width = max((len(block) for block in self.item_visibility), default=0)
+            visible = np.zeros((len(self.item_visibility), width, width), dtype=bool)
+            for g, block in enumerate(self.item_visibility):  # padding rows see nothing
+                visible[g, : len(block), : len(block)] = block
+            self.layout_memo["segment_visibility"] = _frozen_array(visible)
+        return self.layout_memo["segment_visibility"]
 
     def segment_index(self) -> tuple[np.ndarray, np.ndarray]:
-        """index [G, S] (packed row of each local row, 0 as padding) and valid [G, S]."""
-        starts, ends = np.array(self.segments).T  # [G], [G]
-        local = np.arange((ends - starts).max())
-        valid = local[None] < (ends - starts)[:, None]
-        return np.where(valid, starts[:, None] + local[None], 0), valid
+        """index [G, S] (packed row of each local row, 0 as padding) and valid [G, S]. Read-only."""
+        if "segment_index" not in self.layout_memo:
+            starts, ends = np.array(self.segments).T  # [G], [G]
+            local = np.arange((ends - starts).max())
+            valid = local[None] < (ends - starts)[:, None]
+            index = np.where(valid, starts[:, None] + local[None], 0)
+            self.layout_memo["segment_index"] = (_frozen_array(index), _frozen_array(valid))
+        return self.layout_memo["segment_index"]
 
     def visibility(self) -> np.ndarray:
         """[N, N] bool: row i may attend packed row j (j is i or an ancestor of i)."""
@@ -149,17 +163,38 @@ def _layout(suffix_len: int, labels: LabelSet) -> _Layout:
 
 
 def _frozen(values: list[int]) -> np.ndarray:
-    array = np.asarray(values, dtype=np.int64)
+    return _frozen_array(np.asarray(values, dtype=np.int64))
+
+
+def _frozen_array(array: np.ndarray) -> np.ndarray:
     array.flags.writeable = False  # shared by every batch that packs this layout
     return array
 
 
 def pack(prefix_len: int, items: Sequence[PackedItem]) -> PackedBatch:
     """Lay out every item's suffix and label tree after a prefix of `prefix_len` tokens."""
-    layouts = [_layout(len(item.suffix_ids), item.labels) for item in items]
+    template, suffix_rows = _batch_layout(tuple((len(item.suffix_ids), item.labels) for item in items))
+    input_ids = template.input_ids.copy()
+    if len(suffix_rows):
+        input_ids[suffix_rows] = np.fromiter(
+            itertools.chain.from_iterable(item.suffix_ids for item in items), dtype=np.int64, count=len(suffix_rows)
+        )
+    return replace(
+        template, prefix_len=prefix_len, input_ids=input_ids, position_ids=template.position_ids + prefix_len
+    )
+
+
+@lru_cache(maxsize=BATCH_CACHE_ENTRIES)
+def _batch_layout(key: tuple[tuple[int, LabelSet], ...]) -> tuple[PackedBatch, np.ndarray]:
+    """The batch of items with these (suffix length, label set), with prefix length 0 and every suffix token 0;
+    and the rows that hold suffix tokens. Its arrays are shared, read-only, by every batch `pack` makes from it
+    (each batch has its own `input_ids` and `position_ids`)."""
+    layouts = [_layout(length, labels) for length, labels in key]
     ids: list[int] = []
-    for item, layout in zip(items, layouts):
-        ids.extend(item.suffix_ids)
+    suffix_rows: list[int] = []
+    for (length, _), layout in zip(key, layouts):
+        suffix_rows.extend(range(len(ids), len(ids) + length))
+        ids.extend([0] * length)
         ids.extend(layout.label_ids)
     rows = [len(layout.parent) for layout in layouts]
     reads = [len(layout.read_rows) for layout in layouts]
@@ -176,16 +211,22 @@ def pack(prefix_len: int, items: Sequence[PackedItem]) -> PackedBatch:
         return joined(name) + np.repeat(before, sizes)
 
     parent = joined("parent")
-    return PackedBatch(
-        prefix_len,
-        np.asarray(ids, dtype=np.int64),
-        joined("position") + prefix_len,
-        np.where(parent >= 0, shifted("parent", rows, rows), -1),
-        shifted("read_rows", reads, rows),
-        shifted("step_read", steps, reads),
-        joined("step_token"),
-        shifted("step_form", steps, forms),
-        shifted("form_group", forms, groups),
+    template = PackedBatch(
+        0,
+        _frozen(ids),
+        *map(
+            _frozen_array,
+            (
+                joined("position"),
+                np.where(parent >= 0, shifted("parent", rows, rows), -1),
+                shifted("read_rows", reads, rows),
+                shifted("step_read", steps, reads),
+                joined("step_token"),
+                shifted("step_form", steps, forms),
+                shifted("form_group", forms, groups),
+            ),
+        ),
         groups,
         tuple(layout.visibility for layout in layouts),
     )
+    return template, _frozen(suffix_rows)
