@@ -24,7 +24,7 @@ def test_layout_of_two_questions_with_a_label_tree():
     # form (7, 9) = read at suffix end for 7, then at node (7,) for 9
     steps = list(zip(batch.step_form.tolist(), batch.step_read.tolist(), batch.step_token.tolist(), strict=True))
     assert (1, 0, 7) in steps and (1, 1, 9) in steps
-    assert batch.form_group.tolist() == [0, 1, 2, 3, 4] and batch.groups_per_item == [3, 2]
+    assert batch.form_group.tolist() == [0, 1, 2, 3, 4] and batch.groups_per_item == (3, 2)
 
 
 def test_sliding_window_is_measured_over_positions():

@@ -52,7 +52,7 @@ class PackedBatch:
     step_token: np.ndarray  # [K] the label token read at that step
     step_form: np.ndarray  # [K] the form (complete label) the step belongs to
     form_group: np.ndarray  # [F] global answer-group index of each form
-    groups_per_item: list[int]  # answer groups of each item, in order
+    groups_per_item: tuple[int, ...]  # answer groups of each item, in order
     item_visibility: tuple[np.ndarray, ...]  # per item [n, n] bool: its local row i may attend its local row j
     # what depends only on the layout (not on the token ids or the prefix length), computed once and shared by
     # every batch of the same layout: segments, their index and visibility, and what other modules derive
@@ -226,7 +226,7 @@ def _batch_layout(key: tuple[tuple[int, LabelSet], ...]) -> tuple[PackedBatch, n
                 shifted("form_group", forms, groups),
             ),
         ),
-        groups,
+        tuple(groups),
         tuple(layout.visibility for layout in layouts),
     )
     return template, _frozen(suffix_rows)
