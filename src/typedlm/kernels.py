@@ -164,15 +164,23 @@ def _join_gate_up(module: torch.nn.Module) -> torch.Tensor:
     return joined
 
 
+def _joins(module: torch.nn.Module, ops: FusedOps) -> bool:
+    """Whether `ops` runs this MLP's gate and up as one matrix product."""
+    return ops.silu_mul_joined is not None and _joinable(module)
+
+
+def _fused_mlp(module: torch.nn.Module, x: torch.Tensor, ops: FusedOps, joined: torch.Tensor | None) -> torch.Tensor:
+    """The MLP through `ops`: gate and up as one product with the `joined` weight, or apart without it."""
+    if joined is not None:
+        return module.down_proj(ops.silu_mul_joined(torch.nn.functional.linear(x, joined)))
+    return module.down_proj(ops.silu_mul(module.gate_proj(x), module.up_proj(x)))
+
+
 def _mlp_forward(module: torch.nn.Module, original: Callable, ops: FusedOps) -> Callable:
-    joined = _join_gate_up(module) if ops.silu_mul_joined is not None and _joinable(module) else None
+    joined = _join_gate_up(module) if _joins(module, ops) else None
 
     def forward(x: torch.Tensor) -> torch.Tensor:
-        if not ops.runs_on(x):
-            return original(x)
-        if joined is not None:
-            return module.down_proj(ops.silu_mul_joined(torch.nn.functional.linear(x, joined)))
-        return module.down_proj(ops.silu_mul(module.gate_proj(x), module.up_proj(x)))
+        return _fused_mlp(module, x, ops, joined) if ops.runs_on(x) else original(x)
 
     return forward
 
@@ -208,12 +216,8 @@ def _norm_agrees(module: torch.nn.Module, ops: FusedOps) -> bool:
 def _mlp_agrees(module: torch.nn.Module, ops: FusedOps) -> bool:
     """The fused MLP as `_mlp_forward` will run it (gate and up joined where they can be) against the module's."""
     x = _probe((PROBE_ROWS, module.gate_proj.in_features), module.gate_proj.weight)
-    if ops.silu_mul_joined is not None and _joinable(module):
-        joined = torch.cat([module.gate_proj.weight, module.up_proj.weight])
-        got = module.down_proj(ops.silu_mul_joined(torch.nn.functional.linear(x, joined)))
-    else:
-        got = module.down_proj(ops.silu_mul(module.gate_proj(x), module.up_proj(x)))
-    return agrees(got, module.forward(x))
+    joined = torch.cat([module.gate_proj.weight, module.up_proj.weight]) if _joins(module, ops) else None
+    return agrees(_fused_mlp(module, x, ops, joined), module.forward(x))
 
 
 def _swap_forwards(
@@ -297,8 +301,8 @@ def fuse(model: torch.nn.Module, ops: FusedOps) -> FusionReport:
     if not ops.runs_on(next(model.parameters())):
         report.kept.append(f"everything (these kernels need {ops.device_type})")
         return report
-    to_join = [m for m in model.modules() if _is_gated_mlp(m) and getattr(m.forward, _WRAPPED, None) != ops.name]
-    if ops.silu_mul_joined is not None and to_join and any(getattr(m, CAPTURED, False) for m in model.modules()):
+    unswapped_mlps = any(_is_gated_mlp(m) and getattr(m.forward, _WRAPPED, None) != ops.name for m in model.modules())
+    if ops.silu_mul_joined is not None and unswapped_mlps and any(getattr(m, CAPTURED, False) for m in model.modules()):
         # joining moves the gate/up weights, and graphs captured earlier would read their old memory
         ops = dataclasses.replace(ops, silu_mul_joined=None)
         report.kept.append("gate/up apart (CUDA graphs already captured on this model)")
