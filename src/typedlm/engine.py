@@ -26,7 +26,7 @@ import torch
 from transformers import DynamicCache
 
 from typedlm.attention import IMPLEMENTATION as CASCADE
-from typedlm.attention import CascadePlan, kernel_agrees, kernel_available
+from typedlm.attention import CascadePlan
 from typedlm.errors import ModelError
 from typedlm.graphs import StaticRunner
 from typedlm.kernels import FusionReport, fuse, liger_ops
@@ -103,19 +103,8 @@ class Engine:
         self.no_masks = {kind: None for kind in self.layer_types} if self.layer_types else None
         if static is None:
             static = self.device.type == "cuda"
-        if attention_kernel is None:
-            heads = config.num_attention_heads
-            kv_heads = getattr(config, "num_key_value_heads", None) or heads
-            head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-            attention_kernel = (
-                fused_kernels is not False
-                and static
-                and self.fused
-                and self.device.type == "cuda"
-                and self.head_weight.dtype in (torch.float16, torch.bfloat16)
-                and kernel_available()
-                and kernel_agrees(heads, kv_heads, head_dim, self.head_weight.dtype, self.device)
-            )
+        if attention_kernel is None and fused_kernels is False:
+            attention_kernel = False  # otherwise None: the runner decides (see StaticRunner)
         self.runner = (
             StaticRunner(
                 self.body,

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from typedlm.attention import StaticPlan, additive
+from typedlm.attention import StaticPlan, additive, kernel_agrees, kernel_available
 from typedlm.kernels import CAPTURED
 from typedlm.packing import PackedBatch
 
@@ -122,14 +122,12 @@ class _Slot:
         """Write one request into the host arena and copy it to the device in one transfer.
 
         The fields from `own_rows` on depend only on the batch's layout and this shape's sizes: they are
-        computed once per layout (kept with it, see `PackedBatch.layout_memo`) and copied in.
+        computed once per layout (kept with it, see `PackedBatch.memo`) and copied in.
         """
         shape, t, n = self.shape, len(ids), batch.n_rows
         start = self.views["own_rows"][0]
         key = ("static inputs", dataclasses.replace(shape, doc_rows=0))
-        if key not in batch.layout_memo:
-            batch.layout_memo[key] = self._layout_inputs(batch)
-        self.host[start:] = batch.layout_memo[key]
+        self.host[start:] = batch.memo(key, lambda: self._layout_inputs(batch))
         self.host[:start] = 0
         tb = shape.doc_rows
         input_ids, positions = self.host_field("input_ids"), self.host_field("position_ids")
@@ -169,7 +167,8 @@ class StaticRunner:
 
     `body` is the model without its head, its attention set to the cascade; `head` maps hidden states [R, D]
     to log-probabilities [R, V]. With `attention_kernel` a layer's attention runs as `cascade_kernel`'s one
-    Triton launch (on a CPU: in Triton's interpreter).
+    Triton launch (on a CPU: in Triton's interpreter); None (the default) chooses it on CUDA for 16-bit
+    models where Triton is installed and the kernel agrees with plain attention on a probe of these shapes.
     """
 
     def __init__(
@@ -178,10 +177,9 @@ class StaticRunner:
         head: Callable[[torch.Tensor], torch.Tensor],
         masks,
         capture: bool,
-        attention_kernel: bool = False,
+        attention_kernel: bool | None = None,
     ):
         self.body, self.head, self.masks, self.capture = body, head, masks, capture
-        self.attention_kernel = attention_kernel
         config = body.config
         self.heads = heads = config.num_attention_heads
         self.kv_heads = getattr(config, "num_key_value_heads", None) or heads
@@ -189,6 +187,14 @@ class StaticRunner:
         self.layers = config.num_hidden_layers
         param = next(body.parameters())
         self.dtype, self.device = param.dtype, param.device
+        if attention_kernel is None:
+            attention_kernel = (
+                self.device.type == "cuda"
+                and self.dtype in (torch.float16, torch.bfloat16)
+                and kernel_available()
+                and kernel_agrees(self.heads, self.kv_heads, self.head_dim, self.dtype, self.device)
+            )
+        self.attention_kernel = attention_kernel
         self.kv: torch.Tensor | None = None  # [L, 2, C, Hkv, D]
         self.held: list = []  # prefixes whose keys/values the buffer holds at [0, length)
         self.slots: OrderedDict[Shape, _Slot] = OrderedDict()

@@ -62,33 +62,44 @@ class PackedBatch:
     def n_rows(self) -> int:
         return len(self.input_ids)
 
+    def memo(self, key, compute):
+        """`compute()`, once per layout: kept in `layout_memo`, which every batch of this layout shares."""
+        if key not in self.layout_memo:
+            self.layout_memo[key] = compute()
+        return self.layout_memo[key]
+
     @property
     def segments(self) -> list[tuple[int, int]]:
         """(start, end) packed rows of each item; an item starts where a row attaches to the prefix."""
-        if "segments" not in self.layout_memo:
+
+        def compute() -> list[tuple[int, int]]:
             starts = np.flatnonzero(self.parent < 0).tolist()
-            self.layout_memo["segments"] = list(zip(starts, [*starts[1:], self.n_rows]))
-        return self.layout_memo["segments"]
+            return list(zip(starts, [*starts[1:], self.n_rows]))
+
+        return self.memo("segments", compute)
 
     def segment_visibility(self) -> np.ndarray:
         """[G, S, S] bool, S = the longest item: local row i of item g may attend its local row j. Read-only."""
-        if "segment_visibility" not in self.layout_memo:
+
+        def compute() -> np.ndarray:
             width = max((len(block) for block in self.item_visibility), default=0)
             visible = np.zeros((len(self.item_visibility), width, width), dtype=bool)
             for g, block in enumerate(self.item_visibility):  # padding rows see nothing
                 visible[g, : len(block), : len(block)] = block
-            self.layout_memo["segment_visibility"] = _frozen_array(visible)
-        return self.layout_memo["segment_visibility"]
+            return _frozen_array(visible)
+
+        return self.memo("segment_visibility", compute)
 
     def segment_index(self) -> tuple[np.ndarray, np.ndarray]:
         """index [G, S] (packed row of each local row, 0 as padding) and valid [G, S]. Read-only."""
-        if "segment_index" not in self.layout_memo:
+
+        def compute() -> tuple[np.ndarray, np.ndarray]:
             starts, ends = np.array(self.segments).T  # [G], [G]
             local = np.arange((ends - starts).max())
             valid = local[None] < (ends - starts)[:, None]
-            index = np.where(valid, starts[:, None] + local[None], 0)
-            self.layout_memo["segment_index"] = (_frozen_array(index), _frozen_array(valid))
-        return self.layout_memo["segment_index"]
+            return _frozen_array(np.where(valid, starts[:, None] + local[None], 0)), _frozen_array(valid)
+
+        return self.memo("segment_index", compute)
 
     def visibility(self) -> np.ndarray:
         """[N, N] bool: row i may attend packed row j (j is i or an ancestor of i)."""
