@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from typedlm.calibration import CalibrationFile, contextual, normalised
@@ -50,7 +51,7 @@ def test_order_reads_answers_average_and_report_spread(decider):
     response = decider.decide(STATE, QUESTIONS, order_reads=4)
     topic = response.answers["topic"].to_wire()
     reads, _ = decider.read(STATE, QUESTIONS, order_reads=4)
-    mean = sum(normalised(m) for m in reads["topic"].masses) / 4
+    mean = np.mean([normalised(m) for m in reads["topic"].masses], axis=0)
     assert list(topic["probabilities"].values()) == pytest.approx(list(mean), abs=1e-9)
     assert topic["x_reads"] == 4 and topic["x_stderr"] >= 0 and 0.25 <= topic["x_agreement"] <= 1
     assert "x_stderr" not in response.answers["late"].to_wire()  # a noul question is read once

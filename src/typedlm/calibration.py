@@ -50,35 +50,37 @@ def signature(question: Question) -> str:
     return hashlib.sha256(question_block(question).encode()).hexdigest()[:16]
 
 
-def normalised(masses: Sequence[float]) -> np.ndarray:
-    """Masses divided by their total (a zero total reads as uniform), as an array: `confidence.normalise`."""
-    return np.asarray(normalise(masses)[0], dtype=np.float64)
+# Probabilities are lists of plain floats: a request's answers have a handful of labels each, where numpy's
+# per-call overhead outweighs the arithmetic (a 32-question request spends its post-processing here).
 
 
-def contextual(masses: Sequence[float], prior: Sequence[float]) -> np.ndarray:
+def normalised(masses: Sequence[float]) -> list[float]:
+    """Masses divided by their total (a zero total reads as uniform): `confidence.normalise`."""
+    return normalise(masses)[0]
+
+
+def contextual(masses: Sequence[float], prior: Sequence[float]) -> list[float]:
     """Masses with the content-free label prior divided out, normalised."""
-    # in plain floats: a handful of labels, where numpy's per-call overhead outweighs the arithmetic
-    ratios = [p / max(q, FLOOR) for p, q in zip(normalise(masses)[0], normalise(prior)[0], strict=True)]
-    return normalised(np.asarray(ratios, dtype=np.float64))  # an array: summed in order, as before
+    return normalised([p / max(q, FLOOR) for p, q in zip(normalised(masses), normalised(prior), strict=True)])
 
 
-def platt(probs: np.ndarray, a: float, b: float) -> np.ndarray:
+def platt(probs: Sequence[float], a: float, b: float) -> list[float]:
     """Noul (p_yes, p_no) → σ(a·log(p_yes/p_no) + b) as (p_yes, p_no)."""
     z = math.log(max(probs[0], FLOOR)) - math.log(max(probs[1], FLOOR))
     p_yes = 1 / (1 + math.exp(-(a * z + b))) if a * z + b > -700 else 0.0
-    return np.array([p_yes, 1 - p_yes])
+    return [p_yes, 1 - p_yes]
 
 
-def tempered(probs: np.ndarray, temperature: float, bias: Sequence[float] | None = None) -> np.ndarray:
+def tempered(probs: Sequence[float], temperature: float, bias: Sequence[float] | None = None) -> list[float]:
     """p ∝ p^(1/T)·e^(b): T > 1 softens, T < 1 sharpens; without a bias the argmax never changes."""
     logits = np.log(np.maximum(probs, FLOOR)) / temperature
     if bias is not None:
         logits = logits + np.asarray(bias)
     logits -= logits.max()
-    return normalised(np.exp(logits))
+    return normalised(np.exp(logits).tolist())
 
 
-def _scaled(params: dict[str, Any], kind: str, probs: np.ndarray) -> np.ndarray:
+def _scaled(params: dict[str, Any], kind: str, probs: Sequence[float]) -> list[float]:
     if kind == "noul":
         return platt(probs, params["a"], params["b"])
     return tempered(probs, params["temperature"], params.get("bias"))
@@ -96,13 +98,13 @@ class CalibrationFile:
     data: dict[str, Any] = field(default_factory=dict)  # which sets, split, seed, counts
     questions: dict[str, dict[str, Any]] = field(default_factory=dict)  # signature → {"kind", "n", params}
 
-    def apply(self, kind: str, probs: np.ndarray, question: str | None = None) -> np.ndarray:
+    def apply(self, kind: str, probs: Sequence[float], question: str | None = None) -> list[float]:
         """Calibrated probabilities: the question's own parameters (by signature) if known, else its type's."""
         own = self.questions.get(question) if question else None
         if own is not None and own["kind"] == kind and len(own.get("bias", probs)) == len(probs):
             return _scaled(own, kind, probs)
         params = self.params.get(kind)
-        return probs if params is None else _scaled(params, kind, probs)
+        return list(probs) if params is None else _scaled(params, kind, probs)
 
     def check(self, fingerprint: str, prompt_version: str) -> None:
         """Raise `ModelError` unless this file was fitted for this model and prompt."""
@@ -163,7 +165,7 @@ def calibrate_read(
     prior: Sequence[float] | None = None,
     fitted: CalibrationFile | None = None,
     question: str | None = None,
-) -> np.ndarray:
+) -> list[float]:
     """One read's masses → probabilities by `method` (see the module docstring); `question` is its signature."""
     if method == "raw":
         return normalised(masses)
@@ -175,17 +177,17 @@ def calibrate_read(
     return fitted.apply(kind, base, question)
 
 
-def combine(reads: Sequence[np.ndarray]) -> tuple[np.ndarray, float, float]:
+def combine(reads: Sequence[Sequence[float]]) -> tuple[list[float], float, float]:
     """(mean probabilities, stderr of the chosen answer's probability, share of reads agreeing on it)."""
     if len(reads) == 1:  # the mean of one read is that read
-        return np.asarray(reads[0], dtype=np.float64), 0.0, 1.0
+        return list(reads[0]), 0.0, 1.0
     stacked = np.stack(reads)  # [k, n]
     mean = stacked.mean(axis=0)
     top = int(mean.argmax())
     k = len(reads)
     stderr = float(stacked[:, top].std(ddof=1) / math.sqrt(k)) if k > 1 else 0.0
     agreement = float((stacked.argmax(axis=1) == top).mean())
-    return mean, stderr, agreement
+    return mean.tolist(), stderr, agreement
 
 
 # ---------------------------------------------------------------- fitting (used by `typedlm calibrate`)

@@ -31,6 +31,12 @@ def score_confidence(probs: Sequence[float]) -> float:
     return min(1.0, max(0.0, 1 - spread / uniform_spread(n)))
 
 
+def raw_mass(masses: Sequence[float]) -> float:
+    """The total mass on the answer labels, at most 1 (a zero or invalid total reads as 0)."""
+    total = float(sum(masses))
+    return min(1.0, total) if total > 0 else 0.0
+
+
 def normalise(masses: Sequence[float]) -> tuple[list[float], float]:
     """(probabilities, raw mass): masses divided by their total. A zero total reads as uniform."""
     total = float(sum(masses))

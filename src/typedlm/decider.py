@@ -25,7 +25,7 @@ from typing import Any
 
 from typedlm.answers import Answer, ChoiceAnswer, NoulAnswer, Response, ScoreAnswer, Usage
 from typedlm.calibration import DEFAULT_CALIBRATION, CalibrationFile, calibrate_read, combine, signature
-from typedlm.confidence import choice_confidence, normalise, score_confidence
+from typedlm.confidence import choice_confidence, raw_mass, score_confidence
 from typedlm.engine import Engine
 from typedlm.errors import InvalidRequest, LimitExceeded
 from typedlm.labels import Labeler, LabelSet
@@ -49,7 +49,7 @@ from typedlm.questions import (
 )
 
 CONTENT_FREE_STATE = "N/A"  # the document contextual calibration reads the label prior from
-PRIOR_CACHE_ENTRIES = 4096  # content-free masses remembered, per suffix
+PRIOR_CACHE_ENTRIES = 4096  # content-free masses remembered, per suffix text
 
 
 @dataclass(frozen=True)
@@ -135,7 +135,7 @@ class Decider:
         free = self.layout.tokenize(CONTENT_FREE_STATE, [NoulQuestion()]).prefix_ids
         cache, length = self.engine.prefill(free)
         self.prefix_cache.pin(free, Engine.snapshot(cache, length))
-        self._priors: OrderedDict[tuple[int, ...], list[float]] = OrderedDict()
+        self._priors: OrderedDict[str, list[float]] = OrderedDict()  # suffix text -> content-free masses
 
     @classmethod
     def load(
@@ -238,19 +238,24 @@ class Decider:
         return reads, processed
 
     def _content_free(self, flat: list[tuple[str, Question, list[int]]]) -> list[list[float]]:
-        """Masses of each read's question on the content-free document, remembered per suffix."""
-        prompt = self.layout.tokenize(CONTENT_FREE_STATE, [version for _, version, _ in flat])
-        keys = [tuple(ids) for ids in prompt.suffix_ids]
-        missing = {key: i for i, key in enumerate(keys) if key not in self._priors}
+        """Masses of each read's question on the content-free document, remembered per suffix text (the
+        content-free prompt is the same for the same suffix text, so a known one needs no tokenizing)."""
+        versions = [version for _, version, _ in flat]
+        texts = [self.layout.suffix_text(version) for version in versions]
+        found = {text: self._priors.get(text) for text in texts}
+        missing = {text: i for i, text in enumerate(texts) if found[text] is None}
         if missing:
+            prompt = self.layout.tokenize(CONTENT_FREE_STATE, [versions[i] for i in missing.values()])
             base = self.prefix_cache.lookup(prompt.prefix_ids)
-            items = [PackedItem(list(key), self.labels_for(flat[i][1])) for key, i in missing.items()]
+            items = [
+                PackedItem(ids, self.labels_for(versions[i])) for ids, i in zip(prompt.suffix_ids, missing.values())
+            ]
             masses, _ = self.engine.run(prompt.prefix_ids[base.length :], items, base, keep_prefix=False)
-            for key, m in zip(missing, masses):
-                self._priors[key] = m
+            for text, m in zip(missing, masses):
+                found[text] = self._priors[text] = m
                 if len(self._priors) > PRIOR_CACHE_ENTRIES:
                     self._priors.popitem(last=False)
-        return [self._priors[key] for key in keys]
+        return [found[text] for text in texts]
 
     def answer(self, question: Question, reads: Reads, method: str, fitted: CalibrationFile | None = None) -> Answer:
         """One question's answer from its reads: each read calibrated by `method`, then averaged.
@@ -264,16 +269,15 @@ class Decider:
             for i, m in enumerate(reads.masses)
         ]
         probs, stderr, agreement = combine(each)
-        probs = probs.tolist()
-        raw_mass = sum(normalise(m)[1] for m in reads.masses) / len(reads.masses)
+        mass = sum(map(raw_mass, reads.masses)) / len(reads.masses)
         extras = {"stderr": stderr, "agreement": agreement, "reads": len(each)} if len(each) > 1 else {}
         if isinstance(question, NoulQuestion):
-            return NoulAnswer(probs[0], raw_mass, extras)
+            return NoulAnswer(probs[0], mass, extras)
         if isinstance(question, ChoiceQuestion):
             by_name = {name: p for (name, _), p in zip(question.options, probs)}
-            return ChoiceAnswer(by_name, choice_confidence(probs), raw_mass, extras)
+            return ChoiceAnswer(by_name, choice_confidence(probs), mass, extras)
         assert isinstance(question, ScoreQuestion)
-        return ScoreAnswer(tuple(probs), question.levels, score_confidence(probs), raw_mass, extras)
+        return ScoreAnswer(tuple(probs), question.levels, score_confidence(probs), mass, extras)
 
     def decide(
         self,

@@ -22,6 +22,7 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from transformers import DynamicCache
 
@@ -245,13 +246,9 @@ class Engine:
     @staticmethod
     def _masses(batch: PackedBatch, steps: torch.Tensor) -> list[list[float]]:
         """Group masses per item from each label step's log-probability [K] (on the CPU)."""
-        n_forms = len(batch.form_group)
-        form_logp = torch.zeros(n_forms, dtype=torch.float64).index_add_(
-            0, torch.tensor(batch.step_form), steps.double()
-        )  # [F]
-        group_mass = torch.zeros(sum(batch.groups_per_item), dtype=torch.float64).index_add_(
-            0, torch.tensor(batch.form_group), form_logp.exp()
-        )  # [G]
+        weights = steps.numpy().astype(np.float64)
+        form_logp = np.bincount(batch.step_form, weights, minlength=len(batch.form_group))  # [F]
+        group_mass = np.bincount(batch.form_group, np.exp(form_logp), minlength=sum(batch.groups_per_item))  # [G]
         masses, ends = group_mass.tolist(), itertools.accumulate(batch.groups_per_item)
         return [masses[end - n : end] for n, end in zip(batch.groups_per_item, ends)]
 

@@ -16,8 +16,6 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
 from typedlm.engine import PrefixKV
 from typedlm.prompt import common_prefix_length
 
@@ -43,8 +41,9 @@ class CacheStats:
 class PrefixCache:
     def __init__(self, max_bytes: int):
         self.max_bytes = max_bytes
-        self._entries: OrderedDict[tuple[int, ...], tuple[np.ndarray, PrefixKV, int]] = OrderedDict()
-        self._pinned: dict[tuple[int, ...], tuple[np.ndarray, PrefixKV]] = {}
+        # keyed by the prefix's token ids (compared chunk by chunk as tuples: see `common_prefix_length`)
+        self._entries: OrderedDict[tuple[int, ...], tuple[PrefixKV, int]] = OrderedDict()  # ids -> (kv, bytes)
+        self._pinned: dict[tuple[int, ...], PrefixKV] = {}
         self._lock = threading.Lock()
         self._bytes = 0
         self._stats = CacheStats(max_bytes=max_bytes)
@@ -52,25 +51,24 @@ class PrefixCache:
     def pin(self, ids: Sequence[int], kv: PrefixKV) -> None:
         assert len(ids) == kv.length, "ids and keys/values must cover the same tokens"
         with self._lock:
-            self._pinned[tuple(ids)] = (np.asarray(ids, dtype=np.int64), kv)
+            self._pinned[tuple(ids)] = kv
 
     def lookup(self, ids: Sequence[int]) -> PrefixKV | None:
         """The longest cached prefix of `ids` (as views), or None when nothing matches."""
-        query = np.asarray(ids, dtype=np.int64)
         with self._lock:
             best, best_len, best_key, pinned_len = None, 0, None, 0
-            for cached, kv in self._pinned.values():
-                n = common_prefix_length(query, cached)
+            for cached, kv in self._pinned.items():
+                n = common_prefix_length(ids, cached)
                 pinned_len = max(pinned_len, n)
                 if n > best_len:
                     best, best_len, best_key = kv, n, None
-            for key, (cached, kv, _) in self._entries.items():
-                n = common_prefix_length(query, cached)
+            for key, (kv, _) in self._entries.items():
+                n = common_prefix_length(ids, key)
                 if n > best_len:
                     best, best_len, best_key = kv, n, key
             if best_key is not None:
                 self._entries.move_to_end(best_key)
-            if best_len == len(query) and best_len > 0:
+            if best_len == len(ids) and best_len > 0:
                 self._stats.hits += 1
             elif best_len > pinned_len:
                 self._stats.partial_hits += 1
@@ -89,10 +87,10 @@ class PrefixCache:
         with self._lock:
             if size > self.max_bytes or key in self._entries or key in self._pinned:
                 return
-            self._entries[key] = (np.asarray(ids, dtype=np.int64), kv, size)
+            self._entries[key] = (kv, size)
             self._bytes += size
             while self._bytes > self.max_bytes:
-                _, (_, _, evicted) = self._entries.popitem(last=False)
+                _, (_, evicted) = self._entries.popitem(last=False)
                 self._bytes -= evicted
 
     def stats(self) -> dict[str, int]:

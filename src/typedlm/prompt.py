@@ -41,6 +41,7 @@ QUESTION_LEAD = "\n\n"
 DOCUMENT_CACHE_ENTRIES = 64  # documents whose prefix ids and checked cut are remembered
 TAIL_TOKENS = 48  # the prefix's last tokens, re-tokenized with the first question to check the cut
 TAIL_CACHE_ENTRIES = 8192  # suffixes whose ids after the document close are remembered
+SUFFIX_TEXT_ENTRIES = 8192  # questions whose suffix text is remembered
 PREFIX_CHUNK = 256  # token ids compared at a time by common_prefix_length
 WORD_JOINER = "\u2060"  # invisible; breaks a control-token string in user text into plain text
 _STATE = "\x00typedlm-state\x00"
@@ -149,6 +150,7 @@ class ChatLayout:
         self.system_ids = self.encode(head)
         self._documents: OrderedDict[str, _Cut] = OrderedDict()  # prefix text -> its checked cut
         self._tail_cache: OrderedDict[str, tuple[int, ...]] = OrderedDict()  # close piece + suffix -> ids
+        self._suffix_texts: dict[Question, str] = {}  # question -> its suffix text (oldest dropped first)
         # Strings the tokenizer turns into control tokens (<|im_end|>, <|im_start|>, ...). In user text
         # they would let a document close its own turn and answer for the model, so they are defused.
         added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
@@ -169,6 +171,17 @@ class ChatLayout:
         return f"{self.head}{self.defuse(render_text(state))}{self.document_close}"
 
     def suffix_text(self, question: Question) -> str:
+        try:
+            text = self._suffix_texts.get(question)
+        except TypeError:  # a question holding an object or array is not hashable: rendered every time
+            return self._render_suffix(question)
+        if text is None:
+            text = self._suffix_texts[question] = self._render_suffix(question)
+            if len(self._suffix_texts) > SUFFIX_TEXT_ENTRIES:
+                del self._suffix_texts[next(iter(self._suffix_texts))]
+        return text
+
+    def _render_suffix(self, question: Question) -> str:
         return f"{QUESTION_LEAD}{self.defuse(question_block(question))}{self.answer_opening}"
 
     def tokenize(self, state: Text, questions: Sequence[Question]) -> TokenizedPrompt:
