@@ -139,16 +139,31 @@ def test_remembered_documents_and_suffixes_equal_fresh_tokenizations(tokenizer, 
             whole = layout.encode(layout.prefix_text(state) + layout.suffix_text(question))
             assert tokenized.prefix_ids + suffix == whole
         # the cut held (a byte-level token may start inside a character: then the window check fails safely)
-        assert layout._documents[layout.prefix_text(state)].tail is not None or not state.isascii()
+        assert layout._documents["state", state].tail is not None or not state.isascii()
     assert len(layout._documents) == 3  # the least recently used documents were forgotten
     assert len(layout._tail_cache) == len(QUESTIONS)  # the text after the cut is the same for every document
+
+
+def test_object_states_and_unhashable_questions_are_remembered_apart(tokenizer):
+    # an object state is remembered by its prefix text, a string state by itself: a string holding the object's
+    # JSON gives the same prompt under its own key; a question holding an object is rendered every time
+    layout = ChatLayout(tokenizer)
+    document = {"ticket": 7, "messages": ["the parcel is late", "a refund, please"]}
+    unhashable = NoulQuestion({"criterion": "the customer asks for money back"})
+    for state in (document, render_text(document), document):
+        tokenized = layout.tokenize(state, [unhashable, QUESTIONS[0]])
+        for question, suffix in zip([unhashable, QUESTIONS[0]], tokenized.suffix_ids, strict=True):
+            whole = layout.encode(layout.prefix_text(state) + layout.suffix_text(question))
+            assert tokenized.prefix_ids + suffix == whole
+    assert len(layout._documents) == 2
+    assert list(layout._suffix_texts) == [QUESTIONS[0]]
 
 
 def test_a_cut_that_fails_its_check_tokenizes_every_prompt_whole(tokenizer, monkeypatch):
     layout = ChatLayout(tokenizer)
     monkeypatch.setattr(layout, "_tails", lambda texts: [(0,)] * len(texts))  # ids that never match
     tokenized = layout.tokenize("plain text", QUESTIONS)
-    assert layout._documents[layout.prefix_text("plain text")].tail is None
+    assert layout._documents["state", "plain text"].tail is None
     for question, suffix in zip(QUESTIONS, tokenized.suffix_ids, strict=True):
         whole = layout.encode(layout.prefix_text("plain text") + layout.suffix_text(question))
         assert tokenized.prefix_ids + suffix == whole

@@ -223,9 +223,9 @@ class Decider:
         shared = base.length if base else 0
         keep = self.prefix_cache.max_bytes > 0  # a prefix that will not be cached need not be copied
         masses, prefix = self.engine.run(prompt.prefix_ids[shared:], items, base, keep_prefix=keep)
-        if prefix.length > shared:
+        if prefix is not None and prefix.length > shared:
             self.prefix_cache.insert(prompt.prefix_ids, prefix)
-        processed = (prefix.length - shared) + sum(len(i.suffix_ids) + len(i.labels.inner_nodes) for i in items)
+        processed = len(prompt.prefix_ids) - shared + sum(len(i.suffix_ids) + len(i.labels.inner_nodes) for i in items)
         # 6. the content-free priors of the same reads
         priors = self._content_free(flat) if contextual else None
         reads: dict[str, Reads] = {}

@@ -198,25 +198,26 @@ class Engine:
     @torch.inference_mode()
     def run(
         self, ids: Sequence[int], items: Sequence[PackedItem], base: PrefixKV | None = None, keep_prefix: bool = True
-    ) -> tuple[list[list[float]], PrefixKV]:
+    ) -> tuple[list[list[float]], PrefixKV | None]:
         """The document's new tokens `ids` after `base`, and every question: (masses per item, the new prefix).
 
         One forward where the model allows it (cascade attention, no sliding-window layers): the document
         rows first, then the packed rows, which see the whole document. Otherwise `prefill`, then `score`.
-        The returned prefix holds the keys/values of `base` and `ids`; without `keep_prefix` it may be
-        views that the next run overwrites (no copy is made).
+        The returned prefix holds the keys/values of `base` and `ids`; without `keep_prefix` it is None.
         """
         if self.runner is not None:
             start = base.length if base else 0
             batch = pack(start + len(ids), items)
-            steps, layers, length = self.runner.run(ids, batch, base, copy=keep_prefix)
-            prefix = PrefixKV(layers, length) if ids or base is None else base
+            steps, layers, length = self.runner.run(ids, batch, base, keep=keep_prefix)
+            prefix = None
             if keep_prefix:
+                prefix = PrefixKV(layers, length) if ids or base is None else base
                 self.runner.remember(prefix)
             return self._masses(batch, steps), prefix
         if not self.fused:
             cache, prefix_len = self.prefill(ids, base)
-            return self.score(cache, prefix_len, items), self.snapshot(cache, prefix_len)
+            masses = self.score(cache, prefix_len, items)
+            return masses, self.snapshot(cache, prefix_len) if keep_prefix else None
         cache = self._cache_from(base)
         start = base.length if base else 0
         prefix_len = start + len(ids)
@@ -234,7 +235,8 @@ class Engine:
             typedlm_plan=plan,
             **{self.cache_kwarg: cache},
         )
-        return self._read(batch, out.last_hidden_state[0, len(ids) :]), self.snapshot(cache, prefix_len)
+        masses = self._read(batch, out.last_hidden_state[0, len(ids) :])
+        return masses, self.snapshot(cache, prefix_len) if keep_prefix else None
 
     def _read(self, batch: PackedBatch, hidden: torch.Tensor) -> list[list[float]]:
         """Group masses per item from the packed rows' hidden states [N, D]: only read rows meet the head."""

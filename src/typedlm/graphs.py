@@ -105,10 +105,16 @@ class _Slot:
             offset += size
         # what every request starts from: zeros, and padding segment slots that see only themselves
         self.blank_mask = np.broadcast_to(np.eye(shape.width, dtype=bool), (shape.segments, shape.width, shape.width))
-        self.host = np.zeros(offset, dtype=np.int64)
-        self.arena = torch.zeros(len(self.host), dtype=torch.int64, device=device)
+        # on a GPU the host side is pinned: its copy to the device is queued without waiting, and the next
+        # request waits for `copied` before writing it again (by then long done: the output was read since)
+        pinned = device.type == "cuda"
+        self.host_tensor = torch.zeros(offset, dtype=torch.int64, pin_memory=pinned)
+        self.copied = torch.cuda.Event() if pinned else None
+        self.host = self.host_tensor.numpy()
+        self.arena = torch.zeros(offset, dtype=torch.int64, device=device)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.out: torch.Tensor | None = None
+        self.layout_key = ("static inputs", dataclasses.replace(shape, doc_rows=0))  # what `fill` keeps per layout
 
     def host_field(self, name: str) -> np.ndarray:
         lo, hi = self.views[name]
@@ -126,8 +132,9 @@ class _Slot:
         """
         shape, t, n = self.shape, len(ids), batch.n_rows
         start = self.views["own_rows"][0]
-        key = ("static inputs", dataclasses.replace(shape, doc_rows=0))
-        self.host[start:] = batch.memo(key, lambda: self._layout_inputs(batch))
+        if self.copied is not None:
+            self.copied.synchronize()
+        self.host[start:] = batch.memo(self.layout_key, lambda: self._layout_inputs(batch))
         self.host[:start] = 0
         tb = shape.doc_rows
         input_ids, positions = self.host_field("input_ids"), self.host_field("position_ids")
@@ -137,7 +144,9 @@ class _Slot:
         positions[tb : tb + n] = batch.position_ids
         self.host_field("write_slots")[:] = positions[:tb]
         self.host_field("cu")[:] = (0, t, 0, cached + t, 0, shape.packed_rows, n, 0)
-        self.arena.copy_(torch.from_numpy(self.host))
+        self.arena.copy_(self.host_tensor, non_blocking=True)
+        if self.copied is not None:
+            self.copied.record()
 
     def _layout_inputs(self, batch: PackedBatch) -> np.ndarray:
         """The arena's fields from `own_rows` on, for this batch's layout: segments, read plan."""
@@ -271,12 +280,14 @@ class StaticRunner:
             slot.out = self._forward(slot)
 
     @torch.inference_mode()
-    def run(self, ids: Sequence[int], batch: PackedBatch, base, copy: bool = True) -> tuple[torch.Tensor, Layers, int]:
+    def run(
+        self, ids: Sequence[int], batch: PackedBatch, base, keep: bool = True
+    ) -> tuple[torch.Tensor, Layers | None, int]:
         """The document's new tokens `ids` after `base` (a PrefixKV or None) and the packed questions.
 
         Returns the log-probability of every label step [K] (float32, on the CPU) and the new prefix's
-        keys/values with its length: a fresh copy (the caller should `remember` the prefix it builds), or
-        with `copy=False` views of the buffer, valid until the next run.
+        keys/values with its length: a fresh copy (the caller should `remember` the prefix it builds); with
+        `keep=False` no keys/values (None), only the length.
         """
         cached = base.length if base is not None else 0
         shape = Shape.of(len(ids), batch)
@@ -297,11 +308,11 @@ class StaticRunner:
         self.held = [held for held in self.held if held.length <= cached and held is not base]
         if base is not None:
             self.held.append(base)
+        if not keep:
+            return steps, None, length
         if not ids:
             return steps, base.layers, length
-        snapshot = self.kv[:, :, :length]  # [L, 2, T, Hkv, D]
-        if copy:
-            snapshot = snapshot.clone()
+        snapshot = self.kv[:, :, :length].clone()  # [L, 2, T, Hkv, D]
         # per layer (keys, values) [1, Hkv, T, D]: views made by few calls (host time counts at this size)
         per_layer = snapshot.transpose(2, 3)[:, :, None].unbind(0)  # L × [2, 1, Hkv, T, D]
         return steps, tuple(pair.unbind(0) for pair in per_layer), length

@@ -148,7 +148,7 @@ class ChatLayout:
         self.head = head  # everything up to the state: system turn, user turn opening, <document>
         self.document_close, self.answer_opening = rest.split(_QUESTION)
         self.system_ids = self.encode(head)
-        self._documents: OrderedDict[str, _Cut] = OrderedDict()  # prefix text -> its checked cut
+        self._documents: OrderedDict[tuple[str, str], _Cut] = OrderedDict()  # state or prefix text -> its cut
         self._tail_cache: OrderedDict[str, tuple[int, ...]] = OrderedDict()  # close piece + suffix -> ids
         self._suffix_texts: dict[Question, str] = {}  # question -> its suffix text (oldest dropped first)
         # Strings the tokenizer turns into control tokens (<|im_end|>, <|im_start|>, ...). In user text
@@ -186,13 +186,16 @@ class ChatLayout:
 
     def tokenize(self, state: Text, questions: Sequence[Question]) -> TokenizedPrompt:
         """Token ids of the shared prefix and of each question's suffix; prefix + suffix == ids of the whole."""
-        prefix = self.prefix_text(state)
         suffixes = [self.suffix_text(question) for question in questions]
-        cut = self._documents.get(prefix)
+        # a string state is its own key (rendering its prefix text scans it for control strings); an object's
+        # or array's key is its prefix text
+        key = ("state", state) if isinstance(state, str) else ("prefix", self.prefix_text(state))
+        cut = self._documents.get(key)
         if cut is None:
-            cut = self._documents[prefix] = self._cut(prefix, suffixes[0])
-        _touch(self._documents, [prefix], DOCUMENT_CACHE_ENTRIES)
+            cut = self._documents[key] = self._cut(self.prefix_text(state), suffixes[0])
+        _touch(self._documents, [key], DOCUMENT_CACHE_ENTRIES)
         if cut.tail is None:  # no cut holds for this document: every whole prompt tokenized whole
+            prefix = self.prefix_text(state)
             tails = self._encode_batch([prefix + suffix for suffix in suffixes])
         else:
             tails = self._tails([cut.tail + suffix for suffix in suffixes])
