@@ -87,15 +87,24 @@ def test_kernel_equals_attention_row_by_row(heads, kv_heads, dim, t, doc_rows):
     assert torch.allclose(got.double(), want, atol=1e-5)
 
 
-def test_kernel_takes_strided_rows():
-    """q, k, v as the model hands them over: [1, H, R, D] transposed to [R, H, D] views (no copies)."""
+@pytest.mark.parametrize("layout", ["transposed", "joined"])
+def test_kernel_takes_strided_rows(layout):
+    """q, k, v as the model hands them over: [1, H, R, D] transposed to [R, H, D] views (no copies); or column
+    slices of one joined q/k/v product (keys and values with other row strides than each other's)."""
     from typedlm.cascade_kernel import cascade_attention
 
     torch.manual_seed(1)
     heads, kv_heads, dim, p, t, doc_rows, packed_rows = 4, 2, 16, 3, 16, 16, 32
     rows = doc_rows + packed_rows
-    q, k, v = (torch.randn(1, h, rows, dim) for h in (heads, kv_heads, kv_heads))
-    q, k, v = (x[0].transpose(0, 1) for x in (q, k, v))
+    if layout == "transposed":
+        q, k, v = (torch.randn(1, h, rows, dim) for h in (heads, kv_heads, kv_heads))
+        q, k, v = (x[0].transpose(0, 1) for x in (q, k, v))
+    else:
+        joined = torch.randn(rows, (heads + 2 * kv_heads) * dim)
+        q, k, v = joined.split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
+        k = k.contiguous()  # as a k norm hands it over
+        q, k, v = (x.view(rows, -1, dim) for x in (q, k, v))
+        assert k.stride() != v.stride()
     kbuf, vbuf = torch.randn(64, kv_heads, dim), torch.randn(64, kv_heads, dim)
     cu = torch.tensor([0, t, 0, p + t, 0, packed_rows, REAL_PACKED, 0], dtype=torch.int32)
     q, k, v, kbuf, vbuf = (x.to(DEVICE) for x in (q, k, v, kbuf, vbuf))
@@ -109,8 +118,10 @@ def test_kernel_takes_strided_rows():
         0.25,
     )
     strided = cascade_attention(q, k, v, *args)
+    written = kbuf.clone(), vbuf.clone()  # the document rows' keys and values, written by the kernel
     dense = cascade_attention(q.contiguous(), k.contiguous(), v.contiguous(), *args)
     assert torch.equal(strided, dense)
+    assert torch.equal(written[0], kbuf) and torch.equal(written[1], vbuf)
 
 
 @pytest.mark.parametrize("heads, kv_heads, dim", [(4, 2, 16), (7, 1, 24)])

@@ -36,8 +36,36 @@ def test_reference_kernels_swap_in_and_keep_the_outputs(family, ids):
         assert agrees(_logits(model, ids), want)
         mlp = model.model.layers[0].mlp  # gate and up now run as one product: their weights share one tensor
         assert mlp.gate_proj.weight.untyped_storage().data_ptr() == mlp.up_proj.weight.untyped_storage().data_ptr()
+        attention = model.model.layers[0].self_attn  # and so do q, k and v
+        assert report.projections == model.config.num_hidden_layers
+        assert len({m.weight.untyped_storage().data_ptr() for m in _projections(attention)}) == 1
     finally:
         unfuse_rope(model)
+
+
+def _projections(attention) -> list[torch.nn.Linear]:
+    return [attention.q_proj, attention.k_proj, attention.v_proj]
+
+
+def test_joined_projections_never_hand_out_another_inputs_part():
+    model = tiny_model("qwen3", 256)
+    attention = model.model.layers[0].self_attn
+    generator = torch.Generator().manual_seed(0)
+    inputs = {name: torch.randn(3, attention.q_proj.in_features, generator=generator) for name in "xy"}
+    with torch.inference_mode():
+        want = {
+            (index, name): torch.nn.functional.linear(z, m.weight)
+            for name, z in inputs.items()
+            for index, m in enumerate(_projections(attention))
+        }
+        fuse(model, reference_ops())
+        unfuse_rope(model)
+        # (projection: 0 q, 1 k, 2 v; input): in order, interleaved, out of order, a part asked for twice
+        calls = ["0x", "1x", "2x", "0x", "1y", "2x", "1x", "2y", "1y", "0y", "0y", "1y", "1y", "2y"]
+        for call in calls:
+            index, name = int(call[0]), call[1]
+            got = _projections(attention)[index](inputs[name])
+            assert torch.allclose(got, want[index, name], atol=1e-6), call
 
 
 def test_a_family_whose_operations_differ_keeps_its_own(ids):
@@ -110,6 +138,9 @@ def test_gate_and_up_stay_apart_once_graphs_were_captured(ids):
         mlp = model.model.layers[0].mlp
         assert report.mlps == model.config.num_hidden_layers and any("gate/up apart" in k for k in report.kept)
         assert mlp.gate_proj.weight.untyped_storage().data_ptr() != mlp.up_proj.weight.untyped_storage().data_ptr()
+        attention = model.model.layers[0].self_attn
+        assert report.projections == 0 and any("q/k/v apart" in k for k in report.kept)
+        assert len({m.weight.untyped_storage().data_ptr() for m in _projections(attention)}) == 3
         assert agrees(_logits(model, ids), want)
     finally:
         unfuse_rope(model)
@@ -128,3 +159,17 @@ def test_rms_norm_kernel_equals_the_reference(shape, dtype):
     got, want = rms_norm(x, weight, 1e-6), _reference_rms_norm(x, weight, 1e-6)
     assert got.shape == want.shape and got.dtype == want.dtype
     assert agrees(got, want)
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rms_norm_kernel_reads_heads_of_a_joined_product_in_place(dtype):
+    from typedlm.kernels import _reference_rms_norm
+    from typedlm.triton_ops import rms_norm
+
+    generator = torch.Generator().manual_seed(0)
+    joined = torch.randn(1, 7, (4 + 2 + 2) * 128, generator=generator).to(dtype).to(DEVICE)  # q, k, v heads
+    keys = joined[..., 4 * 128 : 6 * 128].view(1, 7, 2, 128)  # rows of the product's width: not one stride
+    weight = torch.randn(128, generator=generator).to(dtype).to(DEVICE)
+    got, want = rms_norm(keys, weight, 1e-6), _reference_rms_norm(keys, weight, 1e-6)
+    assert got.shape == want.shape and got.is_contiguous() and agrees(got, want)

@@ -60,16 +60,16 @@ def _online_step(
 
 @triton.jit
 def _attend_keys(
-    acc, m_i, l_i, q, K, V, stride_c, stride_h, kvh, all_see, any_see, last_key, row_ok, d, d_ok, n, scale_log2,
-    FULL_DIM: tl.constexpr, PRECISION: tl.constexpr, BLOCK_N: tl.constexpr,
+    acc, m_i, l_i, q, K, V, stride_kc, stride_kh, stride_vc, stride_vh, kvh, all_see, any_see, last_key, row_ok, d,
+    d_ok, n, scale_log2, FULL_DIM: tl.constexpr, PRECISION: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
-    """Keys [0, any_see) of K/V (rows of stride `stride_c`) into the running softmax: row i sees key j <= last_key[i];
-    keys [0, all_see) every row sees, and their whole blocks run without masks."""
+    """Keys [0, any_see) of K/V (rows of strides `stride_kc`, `stride_vc`) into the running softmax: row i sees key
+    j <= last_key[i]; keys [0, all_see) every row sees, and their whole blocks run without masks."""
     whole_blocks = all_see // BLOCK_N * BLOCK_N
     for start in range(0, whole_blocks, BLOCK_N):
         key = start + n
-        k_ptrs = K + key[None, :] * stride_c + kvh * stride_h + d[:, None]
-        v_ptrs = V + key[:, None] * stride_c + kvh * stride_h + d[None, :]
+        k_ptrs = K + key[None, :] * stride_kc + kvh * stride_kh + d[:, None]
+        v_ptrs = V + key[:, None] * stride_vc + kvh * stride_vh + d[None, :]
         acc, m_i, l_i = _online_step(
             acc, m_i, l_i, q, k_ptrs, v_ptrs, n, d_ok, row_ok[:, None], scale_log2, False, FULL_DIM, PRECISION
         )
@@ -77,8 +77,8 @@ def _attend_keys(
         key = start + n
         key_ok = key < any_see
         visible = row_ok[:, None] & key_ok[None, :] & (key[None, :] <= last_key[:, None])
-        k_ptrs = K + key[None, :] * stride_c + kvh * stride_h + d[:, None]
-        v_ptrs = V + key[:, None] * stride_c + kvh * stride_h + d[None, :]
+        k_ptrs = K + key[None, :] * stride_kc + kvh * stride_kh + d[:, None]
+        v_ptrs = V + key[:, None] * stride_vc + kvh * stride_vh + d[None, :]
         acc, m_i, l_i = _online_step(
             acc, m_i, l_i, q, k_ptrs, v_ptrs, key_ok, d_ok, visible, scale_log2, True, FULL_DIM, PRECISION
         )
@@ -100,8 +100,10 @@ def _cascade_kernel(
     stride_qh,
     stride_bc,
     stride_bh,
-    stride_rr,
-    stride_rh,
+    stride_kr,  # KR's rows and heads
+    stride_kh,
+    stride_vr,  # VR's (the values may lie in a joined q/k/v product: other strides than the keys')
+    stride_vh,
     stride_or,
     stride_oh,
     doc_rows,
@@ -141,10 +143,11 @@ def _cascade_kernel(
         # this block's keys and values go to the buffer after the prefix (padding rows too: they lie past p + t)
         written = first + tl.arange(0, TOKENS)
         at = (written < doc_rows)[:, None] & d_ok[None, :]
-        source = written[:, None] * stride_rr + kvh * stride_rh + d[None, :]
+        key_source = written[:, None] * stride_kr + kvh * stride_kh + d[None, :]
+        value_source = written[:, None] * stride_vr + kvh * stride_vh + d[None, :]
         target = (p + written)[:, None] * stride_bc + kvh * stride_bh + d[None, :]
-        tl.store(KB + target, tl.load(KR + source, mask=at), mask=at)
-        tl.store(VB + target, tl.load(VR + source, mask=at), mask=at)
+        tl.store(KB + target, tl.load(KR + key_source, mask=at), mask=at)
+        tl.store(VB + target, tl.load(VR + value_source, mask=at), mask=at)
     else:  # packed rows: the prefix, the whole document, then the rows of their own question that `MASK` shows
         real = tl.load(CU + 6)
         first = (pid - doc_blocks) * TOKENS
@@ -171,12 +174,12 @@ def _cascade_kernel(
     l_i = tl.zeros((TOKENS * GROUP_ROWS,), dtype=tl.float32)
     prefix = tl.where(live, p, zero)  # the cached prefix: every row sees all of it
     acc, m_i, l_i = _attend_keys(
-        acc, m_i, l_i, q, KB, VB, stride_bc, stride_bh, kvh, prefix, prefix, p - 1 + zero * row, row_ok, d, d_ok, n,
-        scale_log2, HEAD_DIM == DIM, PRECISION, BLOCK_N,
+        acc, m_i, l_i, q, KB, VB, stride_bc, stride_bh, stride_bc, stride_bh, kvh, prefix, prefix, p - 1 + zero * row,
+        row_ok, d, d_ok, n, scale_log2, HEAD_DIM == DIM, PRECISION, BLOCK_N,
     )  # fmt: skip
     acc, m_i, l_i = _attend_keys(  # the document's keys, read where this forward computed them
-        acc, m_i, l_i, q, KR, VR, stride_rr, stride_rh, kvh, all_see, any_see, last_key, row_ok, d, d_ok, n,
-        scale_log2, HEAD_DIM == DIM, PRECISION, BLOCK_N,
+        acc, m_i, l_i, q, KR, VR, stride_kr, stride_kh, stride_vr, stride_vh, kvh, all_see, any_see, last_key, row_ok,
+        d, d_ok, n, scale_log2, HEAD_DIM == DIM, PRECISION, BLOCK_N,
     )  # fmt: skip
     for start in range(own_start, own_end, BLOCK_N):  # packed rows: their own question's rows
         own = start + n
@@ -184,8 +187,8 @@ def _cascade_kernel(
         own_place = tl.load(ROW_SLOT + own, mask=key_ok, other=0).to(tl.int32)
         same = row_ok[:, None] & key_ok[None, :] & (segment[:, None] == own_place[None, :] // width)
         seen = tl.load(MASK + place.to(tl.int64)[:, None] * width + own_place[None, :] % width, mask=same, other=0)
-        k_ptrs = KR + (doc_rows + own)[None, :] * stride_rr + kvh * stride_rh + d[:, None]
-        v_ptrs = VR + (doc_rows + own)[:, None] * stride_rr + kvh * stride_rh + d[None, :]
+        k_ptrs = KR + (doc_rows + own)[None, :] * stride_kr + kvh * stride_kh + d[:, None]
+        v_ptrs = VR + (doc_rows + own)[:, None] * stride_vr + kvh * stride_vh + d[None, :]
         acc, m_i, l_i = _online_step(
             acc, m_i, l_i, q, k_ptrs, v_ptrs, key_ok, d_ok, same & (seen != 0), scale_log2, True, HEAD_DIM == DIM,
             PRECISION,
@@ -225,7 +228,7 @@ def cascade_attention(
     groups = heads // kv_heads
     for x in (q, k, v, kbuf, vbuf):
         assert x.stride(-1) == 1, "the head dimension must be contiguous"
-    assert k.stride() == v.stride() and kbuf.stride() == vbuf.stride()
+    assert kbuf.stride() == vbuf.stride()
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # every row is written (padding rows: 0)
     group_rows = triton.next_power_of_2(groups)
     tokens = max(BLOCK_ROWS // group_rows, MIN_ROWS // group_rows, 1)  # a program's rows: tokens × group_rows
@@ -233,7 +236,7 @@ def cascade_attention(
     grid = (doc_blocks + triton.cdiv(rows - doc_rows, tokens), kv_heads)
     _cascade_kernel[grid](
         q, kbuf, vbuf, k, v, out, cu, row_slot, own_mask,
-        *q.stride()[:2], *kbuf.stride()[:2], *k.stride()[:2], *out.stride()[:2],
+        *q.stride()[:2], *kbuf.stride()[:2], *k.stride()[:2], *v.stride()[:2], *out.stride()[:2],
         doc_rows, doc_blocks, own_mask.shape[-1], scale * LOG2E,
         HEAD_DIM=head_dim, DIM=triton.next_power_of_2(head_dim), GROUPS=groups, GROUP_ROWS=group_rows, TOKENS=tokens,
         BLOCK_N=KEY_BLOCK, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",

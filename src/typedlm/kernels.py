@@ -14,8 +14,10 @@ that operation, and the report says so.
 
 A SwiGLU MLP whose gate and up projections are plain linear maps of one shape runs them as ONE matrix product:
 their weights are moved into one [2F, D] tensor (each module keeps a view of its half, so no memory is added)
-and the activation reads the two halves of the product (`silu_mul_joined`). Moving weights would break CUDA
-graphs already captured on the model, so a model that has them keeps gate and up apart.
+and the activation reads the two halves of the product (`silu_mul_joined`). An attention's q, k and v
+projections run as one matrix product the same way (`_JoinedProjections`: q's call computes all three, k's and
+v's calls on the same input take their columns in place). Moving weights would break CUDA graphs already
+captured on the model, so a model that has them keeps its projections apart.
 
 Norms and MLPs are swapped per module instance. Rotary embeddings are a module-level function of the model's
 modeling file (`apply_rotary_pos_emb`): it is wrapped in that module, for every model of the family in this
@@ -68,12 +70,14 @@ class FusionReport:
     norms: int = 0
     mlps: int = 0
     rope: bool = False
+    projections: int = 0  # attention layers whose q, k and v projections run as one matrix product
     kept: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
         kept = f"; kept the model's own: {', '.join(self.kept)}" if self.kept else ""
         rope = "fused" if self.rope else "not"
-        return f"{self.ops} kernels: {self.norms} norms, {self.mlps} MLPs, rotary {rope}{kept}"
+        joined = f", q/k/v joined in {self.projections} layers" if self.projections else ""
+        return f"{self.ops} kernels: {self.norms} norms, {self.mlps} MLPs, rotary {rope}{joined}{kept}"
 
 
 def _reference_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -183,6 +187,91 @@ def _mlp_forward(module: torch.nn.Module, original: Callable, ops: FusedOps) -> 
         return _fused_mlp(module, x, ops, joined) if ops.runs_on(x) else original(x)
 
     return forward
+
+
+PROJECTIONS = ("q_proj", "k_proj", "v_proj")
+
+
+class _JoinedProjections:
+    """An attention's q, k and v projections as ONE matrix product.
+
+    Their weights (and biases) move into one tensor, each module keeping a view of its rows (no memory added).
+    The attention calls q, k and v in turn on one input: q's call computes the joined product and keeps k's
+    and v's columns for their calls on that same input (views: no copies). A call on any other input, or in
+    another order, runs the module's own product, so no call ever gets a part computed from another input.
+    """
+
+    def __init__(self, attention: torch.nn.Module):
+        modules = [getattr(attention, name) for name in PROJECTIONS]
+        self.weight = torch.cat([m.weight.detach() for m in modules])
+        self.bias = torch.cat([m.bias.detach() for m in modules]) if modules[0].bias is not None else None
+        self.sizes = [m.out_features for m in modules]
+        start = 0
+        for m, size in zip(modules, self.sizes):
+            m.weight.data = self.weight[start : start + size]
+            if self.bias is not None:
+                m.bias.data = self.bias[start : start + size]
+            start += size
+        self.input: torch.Tensor | None = None
+        self.parts: dict[int, torch.Tensor] = {}
+
+    def forward(self, index: int, original: Callable) -> Callable:
+        """The forward of projection `index` (0: q, 1: k, 2: v)."""
+
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            if index == 0:
+                q, *rest = torch.nn.functional.linear(x, self.weight, self.bias).split(self.sizes, dim=-1)
+                self.input, self.parts = x, dict(enumerate(rest, 1))
+                return q
+            part = self.parts.pop(index, None) if x is self.input else None
+            if not self.parts:
+                self.input = None  # both parts handed out: nothing kept alive
+            return part if part is not None else original(x)
+
+        return forward
+
+
+def _joinable_projections(module: torch.nn.Module) -> bool:
+    """q, k and v are plain linear maps of one input size, all with biases or none."""
+    modules = [getattr(module, name, None) for name in PROJECTIONS]
+    return (
+        all(type(m) is torch.nn.Linear for m in modules)
+        and len({m.in_features for m in modules}) == 1
+        and len({m.bias is None for m in modules}) == 1
+        and len({m.weight.dtype for m in modules}) == 1
+    )
+
+
+def _join_projections(model: torch.nn.Module, ops: FusedOps, report: FusionReport, move_weights: bool) -> None:
+    """Run every attention's q, k and v projections as one matrix product (checked on a probe).
+
+    Without `move_weights` (CUDA graphs were captured on the model) only those an earlier `fuse` joined stay so.
+    """
+    for module in model.modules():
+        if not _joinable_projections(module):
+            continue
+        if getattr(module.q_proj.forward, _WRAPPED, None) == ops.name:
+            report.projections += 1  # joined by an earlier `fuse`
+            continue
+        if not move_weights:
+            note = "q/k/v apart (CUDA graphs already captured on this model)"
+            if note not in report.kept:
+                report.kept.append(note)
+            continue
+        projections = [getattr(module, name) for name in PROJECTIONS]
+        x = _probe((PROBE_ROWS, module.q_proj.in_features), module.q_proj.weight)
+        want = [m(x) for m in projections]
+        originals = [m.forward for m in projections]
+        joined = _JoinedProjections(module)
+        for index, (m, original) in enumerate(zip(projections, originals)):
+            m.forward = joined.forward(index, original)
+            setattr(m.forward, _WRAPPED, ops.name)
+        if all(agrees(m(x), w) for m, w in zip(projections, want)):
+            report.projections += 1
+            continue
+        for m, original in zip(projections, originals):  # the weights stay views of the joined tensor: same values
+            m.forward = original
+        report.kept.append(f"{type(module).__name__} q/k/v apart")
 
 
 def _probe(shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
@@ -296,19 +385,22 @@ def _fuse_rope(model: torch.nn.Module, ops: FusedOps, report: FusionReport) -> N
 
 @torch.inference_mode()
 def fuse(model: torch.nn.Module, ops: FusedOps) -> FusionReport:
-    """Swap the model's RMSNorms, SwiGLU MLPs and rotary embedding for `ops` where each agrees on a probe."""
+    """Swap the model's RMSNorms, SwiGLU MLPs and rotary embedding for `ops` where each agrees on a probe, and
+    join each attention's q/k/v projections into one matrix product."""
     report = FusionReport(ops.name)
     if not ops.runs_on(next(model.parameters())):
         report.kept.append(f"everything (these kernels need {ops.device_type})")
         return report
+    captured = any(getattr(m, CAPTURED, False) for m in model.modules())
     unswapped_mlps = any(_is_gated_mlp(m) and getattr(m.forward, _WRAPPED, None) != ops.name for m in model.modules())
-    if ops.silu_mul_joined is not None and unswapped_mlps and any(getattr(m, CAPTURED, False) for m in model.modules()):
+    if ops.silu_mul_joined is not None and unswapped_mlps and captured:
         # joining moves the gate/up weights, and graphs captured earlier would read their old memory
         ops = dataclasses.replace(ops, silu_mul_joined=None)
         report.kept.append("gate/up apart (CUDA graphs already captured on this model)")
     report.norms = _swap_forwards(model, ops, report, _is_rms_norm, _norm_agrees, _norm_forward)
     report.mlps = _swap_forwards(model, ops, report, _is_gated_mlp, _mlp_agrees, _mlp_forward)
     _fuse_rope(model, ops, report)
+    _join_projections(model, ops, report, move_weights=not captured)
     return report
 
 

@@ -40,33 +40,42 @@ def silu_mul_joined(h: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _rms_norm_kernel(X, W, Y, rows, columns, stride_x, stride_y, eps, ROWS: tl.constexpr, COLUMNS: tl.constexpr):
+def _rms_norm_kernel(
+    X, W, Y, rows, inner, columns, stride_outer, stride_inner, eps, ROWS: tl.constexpr, COLUMNS: tl.constexpr
+):
     row = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     column = tl.arange(0, COLUMNS)
     inside = (row < rows)[:, None] & (column < columns)[None, :]
     row = row.to(tl.int64)
-    x = tl.load(X + row[:, None] * stride_x + column[None, :], mask=inside, other=0.0)
+    at = (row // inner) * stride_outer + (row % inner) * stride_inner  # row r of X is X[r // inner, r % inner]
+    x = tl.load(X + at[:, None] + column[None, :], mask=inside, other=0.0)
     x32 = x.to(tl.float32)
     normed = x32 * tl.rsqrt(tl.sum(x32 * x32, 1) / columns + eps)[:, None]
     weight = tl.load(W + column, mask=column < columns, other=0.0).to(tl.float32)
     # the product of two rounded values, rounded once more on the store (as weight · normed.to(x's dtype) is)
     y = weight[None, :] * normed.to(x.dtype).to(tl.float32)
-    tl.store(Y + row[:, None] * stride_y + column[None, :], y, mask=inside)
+    tl.store(Y + row[:, None] * columns + column[None, :], y, mask=inside)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x [..., D] -> weight · (x·rsqrt(mean(x²) + eps) in float32, cast to x's dtype): the Llama convention.
 
     Several rows per program (ELEMENTS_PER_PROGRAM in all), so short rows (a head's 128 values for a q/k norm)
-    do not cost one program each.
+    do not cost one program each. x's rows are read in place as [A, B] with two strides: a contiguous tensor,
+    or one head's columns of a joined q/k/v product viewed per head ([1, N, H, D] with rows of the product's
+    width); the result is contiguous.
     """
     columns = x.shape[-1]
-    rows = x.reshape(-1, columns)  # a view where x is contiguous
-    out = torch.empty(rows.shape, dtype=torch.result_type(weight, x), device=x.device)
+    grid_rows = x.flatten(0, -3) if x.dim() >= 3 else x[None]  # [A, B, D]: a view where the leading dims merge
+    if grid_rows.stride(-1) != 1:
+        grid_rows = grid_rows.contiguous()
+    outer, inner = grid_rows.shape[:2]
+    out = torch.empty(x.shape, dtype=torch.result_type(weight, x), device=x.device)
     block = triton.next_power_of_2(columns)
     per_program = max(ELEMENTS_PER_PROGRAM // block, 1)
-    grid = (triton.cdiv(rows.shape[0], per_program),)
+    grid = (triton.cdiv(outer * inner, per_program),)
     _rms_norm_kernel[grid](
-        rows, weight, out, rows.shape[0], columns, rows.stride(0), out.stride(0), eps, ROWS=per_program, COLUMNS=block
-    )
-    return out.view(x.shape)
+        grid_rows, weight, out, outer * inner, inner, columns, *grid_rows.stride()[:2], eps,
+        ROWS=per_program, COLUMNS=block,
+    )  # fmt: skip
+    return out
