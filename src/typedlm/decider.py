@@ -222,7 +222,7 @@ class Decider:
         base = self.prefix_cache.lookup(prompt.prefix_ids)
         shared = base.length if base else 0
         keep = self.prefix_cache.max_bytes > 0  # a prefix that will not be cached need not be copied
-        masses, prefix = self.engine.run(prompt.prefix_ids[shared:], items, base, keep_prefix=keep)
+        masses, prefix = self.engine.run(prompt.prefix_array[shared:], items, base, keep_prefix=keep)
         if prefix is not None and prefix.length > shared:
             self.prefix_cache.insert(prompt.prefix_ids, prefix)
         processed = len(prompt.prefix_ids) - shared + sum(len(i.suffix_ids) + len(i.labels.inner_nodes) for i in items)

@@ -133,13 +133,13 @@ class Engine:
         )
 
     @torch.inference_mode()
-    def prefill(self, ids: Sequence[int], base: PrefixKV | None = None) -> tuple[DynamicCache, int]:
+    def prefill(self, ids: Sequence[int] | np.ndarray, base: PrefixKV | None = None) -> tuple[DynamicCache, int]:
         """Run the body over `ids` after `base`; returns the cache and its length. No LM head."""
         cache = self._cache_from(base)
         start = base.length if base else 0
-        if ids:
+        if len(ids):
             # input_ids, position_ids: [1, T]
-            input_ids = torch.tensor([list(ids)], device=self.device)
+            input_ids = torch.tensor(np.asarray(ids, dtype=np.int64), device=self.device)[None]  # a copy
             position_ids = torch.arange(start, start + len(ids), device=self.device)[None]
             extra = {"typedlm_plan": CascadePlan.causal(start, len(ids))} if self.cascade else {}
             self.body(
@@ -197,7 +197,11 @@ class Engine:
 
     @torch.inference_mode()
     def run(
-        self, ids: Sequence[int], items: Sequence[PackedItem], base: PrefixKV | None = None, keep_prefix: bool = True
+        self,
+        ids: Sequence[int] | np.ndarray,
+        items: Sequence[PackedItem],
+        base: PrefixKV | None = None,
+        keep_prefix: bool = True,
     ) -> tuple[list[list[float]], PrefixKV | None]:
         """The document's new tokens `ids` after `base`, and every question: (masses per item, the new prefix).
 
@@ -211,7 +215,7 @@ class Engine:
             steps, layers, length = self.runner.run(ids, batch, base, keep=keep_prefix)
             prefix = None
             if keep_prefix:
-                prefix = PrefixKV(layers, length) if ids or base is None else base
+                prefix = PrefixKV(layers, length) if len(ids) or base is None else base
                 self.runner.remember(prefix)
             return self._masses(batch, steps), prefix
         if not self.fused:
@@ -224,7 +228,8 @@ class Engine:
         batch = pack(prefix_len, items)
         plan = self._plan(batch, start, len(ids))
         # input_ids, position_ids: [1, T + N]
-        input_ids = torch.tensor([[*ids, *batch.input_ids.tolist()]], device=self.device)
+        input_ids = torch.from_numpy(np.concatenate([np.asarray(ids, dtype=np.int64), batch.input_ids]))[None]
+        input_ids = input_ids.to(self.device)
         positions = [*range(start, prefix_len), *batch.position_ids.tolist()]
         position_ids = torch.tensor([positions], device=self.device)
         out = self.body(

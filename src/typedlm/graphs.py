@@ -124,7 +124,7 @@ class _Slot:
         lo, hi = self.views[name]
         return self.arena[lo:hi]
 
-    def fill(self, ids: Sequence[int], batch: PackedBatch, cached: int) -> None:
+    def fill(self, ids: Sequence[int] | np.ndarray, batch: PackedBatch, cached: int) -> None:
         """Write one request into the host arena and copy it to the device in one transfer.
 
         The fields from `own_rows` on depend only on the batch's layout and this shape's sizes: they are
@@ -281,7 +281,7 @@ class StaticRunner:
 
     @torch.inference_mode()
     def run(
-        self, ids: Sequence[int], batch: PackedBatch, base, keep: bool = True
+        self, ids: Sequence[int] | np.ndarray, batch: PackedBatch, base, keep: bool = True
     ) -> tuple[torch.Tensor, Layers | None, int]:
         """The document's new tokens `ids` after `base` (a PrefixKV or None) and the packed questions.
 
@@ -310,7 +310,7 @@ class StaticRunner:
             self.held.append(base)
         if not keep:
             return steps, None, length
-        if not ids:
+        if not len(ids):
             return steps, base.layers, length
         snapshot = self.kv[:, :, :length].clone()  # [L, 2, T, Hkv, D]
         # per layer (keys, values) [1, Hkv, T, D]: views made by few calls (host time counts at this size)

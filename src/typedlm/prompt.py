@@ -25,6 +25,9 @@ import json
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
 
 from typedlm.errors import ModelError
 from typedlm.labels import choice_labels, score_labels
@@ -117,13 +120,23 @@ class _Cut:
     tail_ids: tuple[int, ...]
     tail: str | None
 
+    @cached_property
+    def array(self) -> np.ndarray:
+        """The prefix's ids (head and tail) as a read-only int64 array."""
+        return _frozen(np.array(self.head_ids + self.tail_ids, dtype=np.int64))
+
 
 @dataclass(frozen=True)
 class TokenizedPrompt:
-    """A request's prompt as token ids: one shared prefix, one suffix per question."""
+    """A request's prompt as token ids: one shared prefix, one suffix per question.
+
+    `prefix_array` holds the prefix's ids too, as a read-only int64 array (shared by the requests on one
+    document: what a forward's inputs are copied from without converting Python ints).
+    """
 
     prefix_ids: list[int]
     suffix_ids: list[list[int]]
+    prefix_array: np.ndarray
 
 
 class ChatLayout:
@@ -200,7 +213,10 @@ class ChatLayout:
         else:
             tails = self._tails([cut.tail + suffix for suffix in suffixes])
         n = common_prefix_length(cut.tail_ids, *tails)
-        prompt = TokenizedPrompt([*cut.head_ids, *cut.tail_ids[:n]], [list(ids[n:]) for ids in tails])
+        prefix_ids = [*cut.head_ids, *cut.tail_ids[:n]]
+        # the usual cut shares the whole document close: the document's array serves every request on it
+        array = cut.array if n == len(cut.tail_ids) else _frozen(np.array(prefix_ids, dtype=np.int64))
+        prompt = TokenizedPrompt(prefix_ids, [list(ids[n:]) for ids in tails], array)
         assert all(prompt.suffix_ids), "every question has at least one token of its own"
         return prompt
 
@@ -239,6 +255,11 @@ class ChatLayout:
         tails = [self._tail_cache[text] for text in texts]
         _touch(self._tail_cache, texts, TAIL_CACHE_ENTRIES)
         return tails
+
+
+def _frozen(array: np.ndarray) -> np.ndarray:
+    array.flags.writeable = False
+    return array
 
 
 def _touch(cache: OrderedDict, keys: Sequence, limit: int) -> None:
