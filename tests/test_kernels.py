@@ -39,6 +39,7 @@ def test_reference_kernels_swap_in_and_keep_the_outputs(family, ids):
         attention = model.model.layers[0].self_attn  # and so do q, k and v
         assert report.projections == model.config.num_hidden_layers
         assert len({m.weight.untyped_storage().data_ptr() for m in _projections(attention)}) == 1
+        assert report.residual_norms == model.config.num_hidden_layers
     finally:
         unfuse_rope(model)
 
@@ -73,11 +74,46 @@ def test_a_family_whose_operations_differ_keeps_its_own(ids):
     want = _logits(model, ids)
     report = fuse(model, reference_ops())
     try:
-        assert report.norms == 0 and report.mlps == 0, report
+        assert report.norms == 0 and report.mlps == 0 and report.residual_norms == 0, report
         assert any("RMSNorm" in kept for kept in report.kept) and any("MLP" in kept for kept in report.kept)
         assert agrees(_logits(model, ids), want)
     finally:
         unfuse_rope(model)
+
+
+def test_a_wrong_residual_add_is_refused(ids):
+    model = tiny_model("qwen3", 256)
+    want = _logits(model, ids)
+    reference = reference_ops()
+
+    def wrong(x, residual, weight, eps):
+        total, normed = reference.add_rms_norm(x, residual, weight, eps)
+        return total * 1.01, normed
+
+    report = fuse(model, dataclasses.replace(reference, add_rms_norm=wrong))
+    try:
+        assert report.residual_norms == 0 and "Qwen3DecoderLayer residual adds" in report.kept
+        assert agrees(_logits(model, ids), want)
+    finally:
+        unfuse_rope(model)
+
+
+def test_a_norm_takes_handed_rows_only_for_the_sum_they_came_from():
+    model = tiny_model("qwen3", 256)
+    fuse(model, reference_ops())
+    unfuse_rope(model)
+    layer, norm = model.model.layers[-1], model.model.norm
+    generator = torch.Generator().manual_seed(0)
+    x, y = (torch.randn(1, 5, norm.weight.shape[0], generator=generator) for _ in range(2))
+    with torch.inference_mode():
+        own = lambda z: reference_ops().rms_norm(z, norm.weight, norm.variance_epsilon)  # noqa: E731
+        layer.self_attn, attention = torch.nn.Identity(), layer.self_attn
+        layer.self_attn.forward = lambda hidden_states, **kwargs: (hidden_states * 0.5, None)
+        total = layer(x)  # the last layer leaves the final norm's rows for `total`
+        layer.self_attn = attention
+        assert torch.allclose(norm(y), own(y))  # another tensor: its own norm
+        assert torch.allclose(norm(total), own(total))  # the handed rows
+        assert torch.allclose(norm(total), own(total))  # taken once: computed again, the same
 
 
 def test_a_wrong_kernel_is_refused(ids):
@@ -88,6 +124,7 @@ def test_a_wrong_kernel_is_refused(ids):
     report = fuse(model, wrong)
     try:
         assert report.norms == 0 and report.mlps > 0 and "Qwen3RMSNorm" in report.kept
+        assert report.residual_norms == 0  # the norms it would fuse with kept their own
         assert agrees(_logits(model, ids), want)
     finally:
         unfuse_rope(model)
@@ -173,3 +210,19 @@ def test_rms_norm_kernel_reads_heads_of_a_joined_product_in_place(dtype):
     weight = torch.randn(128, generator=generator).to(dtype).to(DEVICE)
     got, want = rms_norm(keys, weight, 1e-6), _reference_rms_norm(keys, weight, 1e-6)
     assert got.shape == want.shape and got.is_contiguous() and agrees(got, want)
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_add_rms_norm_kernel_equals_the_add_and_the_norm(dtype):
+    from typedlm.triton_ops import add_rms_norm
+
+    generator = torch.Generator().manual_seed(0)
+    x, residual = (torch.randn(2, 5, 1024, generator=generator).to(dtype).to(DEVICE) for _ in range(2))
+    weight = torch.randn(1024, generator=generator).to(dtype).to(DEVICE)
+    total, normed = add_rms_norm(x, residual, weight, 1e-6)
+    want_total, want_normed = reference_ops().add_rms_norm(x, residual, weight, 1e-6)
+    if dtype == torch.float32 or DEVICE == "cuda":  # Triton's interpreter truncates to bfloat16 instead of rounding
+        assert torch.equal(total, want_total)  # the sum rounded as the plain add rounds it
+    assert agrees(total, want_total)
+    assert normed.dtype == want_normed.dtype and agrees(normed, want_normed)

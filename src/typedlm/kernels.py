@@ -48,7 +48,9 @@ class FusedOps:
     - `rope(q [B, H, L, D], k [B, Hkv, L, D], cos [B, L, D], sin [B, L, D]) -> (q, k)`: rotated by halves (may
       write into q and k);
     - `silu_mul_joined(h [..., 2F]) -> [..., F]`: silu(h[..., :F])·h[..., F:], for an MLP whose gate and up
-      projections run as one matrix product (None: they run apart, through `silu_mul`).
+      projections run as one matrix product (None: they run apart, through `silu_mul`);
+    - `add_rms_norm(x, residual, weight, eps) -> (residual + x, rms_norm(residual + x))`: a decoder layer's
+      residual add and the norm that reads its sum (None: they run apart).
     """
 
     name: str
@@ -57,6 +59,7 @@ class FusedOps:
     silu_mul: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     rope: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     silu_mul_joined: Callable[[torch.Tensor], torch.Tensor] | None = None
+    add_rms_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
 
     def runs_on(self, x: torch.Tensor) -> bool:
         return self.device_type is None or x.device.type == self.device_type
@@ -71,13 +74,15 @@ class FusionReport:
     mlps: int = 0
     rope: bool = False
     projections: int = 0  # attention layers whose q, k and v projections run as one matrix product
+    residual_norms: int = 0  # decoder layers whose residual adds run fused with the norms that read them
     kept: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
         kept = f"; kept the model's own: {', '.join(self.kept)}" if self.kept else ""
         rope = "fused" if self.rope else "not"
         joined = f", q/k/v joined in {self.projections} layers" if self.projections else ""
-        return f"{self.ops} kernels: {self.norms} norms, {self.mlps} MLPs, rotary {rope}{joined}{kept}"
+        added = f", residual adds fused with norms in {self.residual_norms} layers" if self.residual_norms else ""
+        return f"{self.ops} kernels: {self.norms} norms, {self.mlps} MLPs, rotary {rope}{joined}{added}{kept}"
 
 
 def _reference_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -106,21 +111,32 @@ def _reference_silu_mul_joined(h: torch.Tensor) -> torch.Tensor:
     return _reference_silu_mul(gate, up)
 
 
+def _reference_add_rms_norm(x, residual, weight, eps):
+    total = residual + x
+    return total, _reference_rms_norm(total, weight, eps)
+
+
 def reference_ops() -> FusedOps:
     """The operations in plain torch: what the fused kernels must compute."""
     return FusedOps(
-        "reference", None, _reference_rms_norm, _reference_silu_mul, _reference_rope, _reference_silu_mul_joined
+        "reference",
+        None,
+        _reference_rms_norm,
+        _reference_silu_mul,
+        _reference_rope,
+        _reference_silu_mul_joined,
+        _reference_add_rms_norm,
     )
 
 
 def liger_ops() -> FusedOps | None:
-    """Triton kernels: liger-kernel's rotary and SwiGLU product, typedlm's RMSNorm and joined SwiGLU
-    (`triton_ops`); None where liger-kernel (or Triton) is not installed."""
+    """Triton kernels: liger-kernel's rotary and SwiGLU product, typedlm's RMSNorm, joined SwiGLU and residual
+    add with RMSNorm (`triton_ops`); None where liger-kernel (or Triton) is not installed."""
     try:
         from liger_kernel.ops.rope import LigerRopeFunction
         from liger_kernel.ops.swiglu import LigerSiLUMulFunction
 
-        from typedlm.triton_ops import rms_norm, silu_mul_joined
+        from typedlm.triton_ops import add_rms_norm, rms_norm, silu_mul_joined
     except ImportError:
         return None
     return FusedOps(
@@ -130,6 +146,7 @@ def liger_ops() -> FusedOps | None:
         LigerSiLUMulFunction.apply,
         lambda q, k, cos, sin: LigerRopeFunction.apply(q, k, cos, sin),
         silu_mul_joined,
+        add_rms_norm,
     )
 
 
@@ -274,6 +291,121 @@ def _join_projections(model: torch.nn.Module, ops: FusedOps, report: FusionRepor
         report.kept.append(f"{type(module).__name__} q/k/v apart")
 
 
+RESIDUAL_LAYER = ("self_attn", "mlp", "input_layernorm", "post_attention_layernorm")
+
+
+class _ResidualHandoff:
+    """A decoder layer's last residual add, fused with the norm that reads the sum next (the next layer's input
+    norm, or the final norm): the layer returns the sum and leaves the normed rows here, and that norm's call on
+    that very tensor takes them. A norm called on any other tensor computes its own."""
+
+    def __init__(self):
+        self.total: torch.Tensor | None = None
+        self.normed: torch.Tensor | None = None
+
+    def give(self, total: torch.Tensor, normed: torch.Tensor) -> torch.Tensor:
+        self.total, self.normed = total, normed
+        return total
+
+    def take(self, x: torch.Tensor) -> torch.Tensor | None:
+        if x is not self.total:
+            return None
+        normed, self.total, self.normed = self.normed, None, None
+        return normed
+
+
+class _ProbeAttention(torch.nn.Module):
+    """Stands in for a layer's attention while the layer's forward is checked: a fixed map of its input."""
+
+    def forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, None]:
+        return hidden_states.flip(-1) * 0.5, None
+
+
+def _residual_forward(
+    layer: torch.nn.Module, original: Callable, ops: FusedOps, handoff: _ResidualHandoff, next_norm
+) -> Callable:
+    """A pre-norm decoder layer (x + attention(norm(x)), then + mlp(norm(·))) with both residual adds fused
+    with the norms that read them: the attention's with the post-attention norm, the MLP's with `next_norm`."""
+    post, post_eps = layer.post_attention_layernorm, _norm_eps(layer.post_attention_layernorm)
+    next_eps = _norm_eps(next_norm) if next_norm is not None else None
+
+    def forward(hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        if args or not ops.runs_on(hidden_states):  # positional arguments: the layer's own order, its own forward
+            return original(hidden_states, *args, **kwargs)
+        attention, *_ = layer.self_attn(hidden_states=layer.input_layernorm(hidden_states), **kwargs)
+        residual, normed = ops.add_rms_norm(attention, hidden_states, post.weight, post_eps)
+        out = layer.mlp(normed)
+        if next_norm is None:
+            return residual + out
+        return handoff.give(*ops.add_rms_norm(out, residual, next_norm.weight, next_eps))
+
+    return forward
+
+
+def _handoff_norm_forward(norm: torch.nn.Module, handoff: _ResidualHandoff) -> Callable:
+    own = norm.forward
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        normed = handoff.take(x)
+        return normed if normed is not None else own(x)
+
+    return forward
+
+
+def _residual_layer_agrees(layer: torch.nn.Module, ops: FusedOps) -> bool:
+    """The fused forward equals the layer's own with a stand-in attention, and hands the next norm its rows."""
+    attention, post = layer.self_attn, layer.post_attention_layernorm
+    layer.self_attn = _ProbeAttention()
+    try:
+        x = _probe((1, PROBE_ROWS, post.weight.shape[0]), post.weight)
+        want = layer.forward(x)
+        if not isinstance(want, torch.Tensor):  # a layer returning a tuple (older transformers) keeps its own
+            return False
+        norm = layer.input_layernorm  # any fused norm serves as the next one
+        handoff = _ResidualHandoff()
+        alone = _residual_forward(layer, layer.forward, ops, handoff, None)(x)
+        handed = _residual_forward(layer, layer.forward, ops, handoff, norm)(x)
+        taken = handoff.take(handed)
+        return agrees(alone, want) and agrees(handed, want) and taken is not None and agrees(taken, norm(want))
+    finally:
+        layer.self_attn = attention
+
+
+def _fuse_residual_norms(model: torch.nn.Module, ops: FusedOps, report: FusionReport) -> None:
+    """Fuse every pre-norm decoder layer's residual adds with the norms that read their sums (checked per layer
+    class with a stand-in attention). Needs the layers' norms fused already (their kernels agreed)."""
+    if ops.add_rms_norm is None:
+        return
+    for decoder in model.modules():
+        layers, final = getattr(decoder, "layers", None), getattr(decoder, "norm", None)
+        if not isinstance(layers, torch.nn.ModuleList) or final is None:
+            continue
+        handoff, verdict = _ResidualHandoff(), {}
+        for i, layer in enumerate(layers):
+            if getattr(layer.forward, _WRAPPED, None) == ops.name:
+                report.residual_norms += 1  # fused by an earlier `fuse`
+                continue
+            next_norm = layers[i + 1].input_layernorm if i + 1 < len(layers) else final
+            norms = [getattr(layer, name, None) for name in RESIDUAL_LAYER[2:]] + [next_norm]
+            if not all(hasattr(layer, name) for name in RESIDUAL_LAYER) or not all(
+                getattr(n, "forward", None) is not None and getattr(n.forward, _WRAPPED, None) == ops.name
+                for n in norms
+            ):
+                continue
+            kind = type(layer)
+            if kind not in verdict:
+                verdict[kind] = _residual_layer_agrees(layer, ops)
+                if not verdict[kind]:
+                    report.kept.append(f"{kind.__name__} residual adds")
+            if not verdict[kind]:
+                continue
+            layer.forward = _residual_forward(layer, layer.forward, ops, handoff, next_norm)
+            setattr(layer.forward, _WRAPPED, ops.name)
+            next_norm.forward = _handoff_norm_forward(next_norm, handoff)
+            setattr(next_norm.forward, _WRAPPED, ops.name)
+            report.residual_norms += 1
+
+
 def _probe(shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
     generator = torch.Generator(device=like.device).manual_seed(0)
     return torch.randn(shape, generator=generator, device=like.device).to(like.dtype)
@@ -401,6 +533,7 @@ def fuse(model: torch.nn.Module, ops: FusedOps) -> FusionReport:
     report.mlps = _swap_forwards(model, ops, report, _is_gated_mlp, _mlp_agrees, _mlp_forward)
     _fuse_rope(model, ops, report)
     _join_projections(model, ops, report, move_weights=not captured)
+    _fuse_residual_norms(model, ops, report)
     return report
 
 

@@ -3,6 +3,9 @@
 `rms_norm(x, weight, eps)`: RMSNorm with several rows per program (liger-kernel's runs one program per row
 for most shapes, which for a q/k norm over 128 values means tens of thousands of tiny programs).
 
+`add_rms_norm(x, residual, weight, eps)`: a residual add and the RMSNorm that reads its sum, in one pass
+(the sum is rounded to the inputs' dtype before it is normalised, as the two operations apart do).
+
 `silu_mul_joined(h)`: a SwiGLU MLP's activation when its gate and up projections run as ONE matrix product
 (`kernels` joins their weights): h [..., 2F] holds the gate's outputs then the up's, and the result is
 silu(gate)·up [..., F], read from the two halves in place (no split copies).
@@ -79,3 +82,42 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         ROWS=per_program, COLUMNS=block,
     )  # fmt: skip
     return out
+
+
+@triton.jit
+def _add_rms_norm_kernel(
+    X, R, W, S, Y, rows, columns, stride_x, stride_r, eps, ROWS: tl.constexpr, COLUMNS: tl.constexpr
+):
+    row = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    column = tl.arange(0, COLUMNS)
+    inside = (row < rows)[:, None] & (column < columns)[None, :]
+    row = row.to(tl.int64)
+    x = tl.load(X + row[:, None] * stride_x + column[None, :], mask=inside, other=0.0)
+    r = tl.load(R + row[:, None] * stride_r + column[None, :], mask=inside, other=0.0)
+    total = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)  # rounded as the plain add rounds it
+    tl.store(S + row[:, None] * columns + column[None, :], total, mask=inside)
+    t32 = total.to(tl.float32)
+    normed = t32 * tl.rsqrt(tl.sum(t32 * t32, 1) / columns + eps)[:, None]
+    weight = tl.load(W + column, mask=column < columns, other=0.0).to(tl.float32)
+    y = weight[None, :] * normed.to(x.dtype).to(tl.float32)
+    tl.store(Y + row[:, None] * columns + column[None, :], y, mask=inside)
+
+
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(residual + x, rms_norm(residual + x)) for x, residual [..., D] of one dtype: the sum as the plain add
+    gives it, its norm as `rms_norm` gives it; both contiguous."""
+    columns = x.shape[-1]
+    xs, rs = (t.reshape(-1, columns) for t in (x, residual))  # views where the rows have one stride
+    xs, rs = (t if t.stride(-1) == 1 else t.contiguous() for t in (xs, rs))
+    total = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    out = torch.empty(x.shape, dtype=torch.result_type(weight, x), device=x.device)
+    block = triton.next_power_of_2(columns)
+    per_program = max(ELEMENTS_PER_PROGRAM // block, 1)
+    grid = (triton.cdiv(xs.shape[0], per_program),)
+    _add_rms_norm_kernel[grid](
+        xs, rs, weight, total, out, xs.shape[0], columns, xs.stride(0), rs.stride(0), eps,
+        ROWS=per_program, COLUMNS=block,
+    )  # fmt: skip
+    return total, out
