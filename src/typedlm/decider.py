@@ -84,6 +84,8 @@ def rotations(question: Question, k: int) -> list[tuple[Question, list[int]]]:
 
 
 def _unrotate(masses: list[float], order: list[int]) -> list[float]:
+    if order[0] == 0:  # the orders are rotations: the one that starts with option 0 is the request's own
+        return masses
     original = [0.0] * len(order)
     for position, option in enumerate(order):
         original[option] = masses[position]
@@ -264,13 +266,15 @@ class Decider:
         """
         fitted = fitted or self.calibration_file
         key = signature(question) if method == "fitted" and fitted is not None and fitted.questions else None
-        each = [
-            calibrate_read(reads.kind, m, method, reads.priors[i] if reads.priors else None, fitted, key)
-            for i, m in enumerate(reads.masses)
-        ]
-        probs, stderr, agreement = combine(each)
-        mass = sum(map(raw_mass, reads.masses)) / len(reads.masses)
-        extras = {"stderr": stderr, "agreement": agreement, "reads": len(each)} if len(each) > 1 else {}
+        priors = reads.priors or [None] * len(reads.masses)
+        if len(reads.masses) == 1:  # one read (every noul question; the default): its calibration is the answer
+            probs = calibrate_read(reads.kind, reads.masses[0], method, priors[0], fitted, key)
+            mass, extras = raw_mass(reads.masses[0]), {}
+        else:
+            each = [calibrate_read(reads.kind, m, method, p, fitted, key) for m, p in zip(reads.masses, priors)]
+            probs, stderr, agreement = combine(each)
+            mass = sum(map(raw_mass, reads.masses)) / len(reads.masses)
+            extras = {"stderr": stderr, "agreement": agreement, "reads": len(each)}
         if isinstance(question, NoulQuestion):
             return NoulAnswer(probs[0], mass, extras)
         if isinstance(question, ChoiceQuestion):
