@@ -385,7 +385,7 @@ def _fuse_residual_norms(model: torch.nn.Module, ops: FusedOps, report: FusionRe
             if getattr(layer.forward, _WRAPPED, None) == ops.name:
                 report.residual_norms += 1  # fused by an earlier `fuse`
                 continue
-            next_norm = layers[i + 1].input_layernorm if i + 1 < len(layers) else final
+            next_norm = getattr(layers[i + 1], "input_layernorm", None) if i + 1 < len(layers) else final
             norms = [getattr(layer, name, None) for name in RESIDUAL_LAYER[2:]] + [next_norm]
             if not all(hasattr(layer, name) for name in RESIDUAL_LAYER) or not all(
                 getattr(n, "forward", None) is not None and getattr(n.forward, _WRAPPED, None) == ops.name
