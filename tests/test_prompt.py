@@ -138,6 +138,7 @@ def test_remembered_documents_and_suffixes_equal_fresh_tokenizations(tokenizer, 
         for question, suffix in zip(QUESTIONS, tokenized.suffix_ids, strict=True):
             whole = layout.encode(layout.prefix_text(state) + layout.suffix_text(question))
             assert tokenized.prefix_ids + suffix == whole
+        assert tokenized.prefix_array.tolist() == tokenized.prefix_ids and not tokenized.prefix_array.flags.writeable
         # the cut held (a byte-level token may start inside a character: then the window check fails safely)
         assert layout._documents["state", state].tail is not None or not state.isascii()
     assert len(layout._documents) == 3  # the least recently used documents were forgotten

@@ -123,7 +123,9 @@ class _Cut:
     @cached_property
     def array(self) -> np.ndarray:
         """The prefix's ids (head and tail) as a read-only int64 array."""
-        return _frozen(np.array(self.head_ids + self.tail_ids, dtype=np.int64))
+        array = np.array(self.head_ids + self.tail_ids, dtype=np.int64)
+        array.setflags(write=False)
+        return array
 
 
 @dataclass(frozen=True)
@@ -202,20 +204,21 @@ class ChatLayout:
         suffixes = [self.suffix_text(question) for question in questions]
         # a string state is its own key (rendering its prefix text scans it for control strings); an object's
         # or array's key is its prefix text
-        key = ("state", state) if isinstance(state, str) else ("prefix", self.prefix_text(state))
+        prefix = None if isinstance(state, str) else self.prefix_text(state)  # rendered once, where needed
+        key = ("state", state) if prefix is None else ("prefix", prefix)
         cut = self._documents.get(key)
         if cut is None:
-            cut = self._documents[key] = self._cut(self.prefix_text(state), suffixes[0])
+            prefix = prefix or self.prefix_text(state)
+            cut = self._documents[key] = self._cut(prefix, suffixes[0])
         _touch(self._documents, [key], DOCUMENT_CACHE_ENTRIES)
         if cut.tail is None:  # no cut holds for this document: every whole prompt tokenized whole
-            prefix = self.prefix_text(state)
+            prefix = prefix or self.prefix_text(state)
             tails = self._encode_batch([prefix + suffix for suffix in suffixes])
         else:
             tails = self._tails([cut.tail + suffix for suffix in suffixes])
         n = common_prefix_length(cut.tail_ids, *tails)
         prefix_ids = [*cut.head_ids, *cut.tail_ids[:n]]
-        # the usual cut shares the whole document close: the document's array serves every request on it
-        array = cut.array if n == len(cut.tail_ids) else _frozen(np.array(prefix_ids, dtype=np.int64))
+        array = cut.array[: len(prefix_ids)]  # the document's array (a view), shared by every request on it
         prompt = TokenizedPrompt(prefix_ids, [list(ids[n:]) for ids in tails], array)
         assert all(prompt.suffix_ids), "every question has at least one token of its own"
         return prompt
@@ -255,11 +258,6 @@ class ChatLayout:
         tails = [self._tail_cache[text] for text in texts]
         _touch(self._tail_cache, texts, TAIL_CACHE_ENTRIES)
         return tails
-
-
-def _frozen(array: np.ndarray) -> np.ndarray:
-    array.flags.writeable = False
-    return array
 
 
 def _touch(cache: OrderedDict, keys: Sequence, limit: int) -> None:
