@@ -168,6 +168,7 @@ def test_a_cut_that_fails_its_check_tokenizes_every_prompt_whole(tokenizer, monk
     for question, suffix in zip(QUESTIONS, tokenized.suffix_ids, strict=True):
         whole = layout.encode(layout.prefix_text("plain text") + layout.suffix_text(question))
         assert tokenized.prefix_ids + suffix == whole
+    assert tokenized.prefix_array.tolist() == tokenized.prefix_ids
 
 
 def test_common_prefix_length_equals_a_walk_id_by_id():
