@@ -166,23 +166,36 @@ def _norm_forward(module: torch.nn.Module, original: Callable, ops: FusedOps) ->
     return forward
 
 
-def _joinable(module: torch.nn.Module) -> bool:
-    """Gate and up are plain bias-free linear maps of one shape: they can run as one matrix product."""
-    gate, up = module.gate_proj, module.up_proj
+def _joinable_linears(modules: list) -> bool:
+    """Plain linear maps of one input size and dtype, all with biases or none: one matrix product can run them."""
     return (
-        type(gate) is type(up) is torch.nn.Linear
-        and gate.bias is None
-        and up.bias is None
-        and gate.weight.shape == up.weight.shape
+        all(type(m) is torch.nn.Linear for m in modules)
+        and len({m.in_features for m in modules}) == 1
+        and len({m.bias is None for m in modules}) == 1
+        and len({m.weight.dtype for m in modules}) == 1
     )
 
 
-def _join_gate_up(module: torch.nn.Module) -> torch.Tensor:
-    """One [2F, D] weight, gate's rows then up's; the two modules' weights become views of it (no copy kept)."""
-    joined = torch.cat([module.gate_proj.weight.detach(), module.up_proj.weight.detach()])
-    rows = module.gate_proj.weight.shape[0]
-    module.gate_proj.weight.data, module.up_proj.weight.data = joined[:rows], joined[rows:]
-    return joined
+def _join_linears(modules: list[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The modules' weights (and biases) as one tensor, their rows in turn; each module's become views of its
+    rows (no copy kept). Returns (weight, bias or None)."""
+    weight = torch.cat([m.weight.detach() for m in modules])
+    bias = torch.cat([m.bias.detach() for m in modules]) if modules[0].bias is not None else None
+    start = 0
+    for m in modules:
+        rows = m.out_features
+        m.weight.data = weight[start : start + rows]
+        if bias is not None:
+            m.bias.data = bias[start : start + rows]
+        start += rows
+    return weight, bias
+
+
+def _joinable(module: torch.nn.Module) -> bool:
+    """Gate and up are bias-free linear maps of one shape: they can run as one matrix product whose halves
+    `silu_mul_joined` reads."""
+    gate, up = module.gate_proj, module.up_proj
+    return _joinable_linears([gate, up]) and gate.bias is None and gate.weight.shape == up.weight.shape
 
 
 def _joins(module: torch.nn.Module, ops: FusedOps) -> bool:
@@ -198,7 +211,7 @@ def _fused_mlp(module: torch.nn.Module, x: torch.Tensor, ops: FusedOps, joined: 
 
 
 def _mlp_forward(module: torch.nn.Module, original: Callable, ops: FusedOps) -> Callable:
-    joined = _join_gate_up(module) if _joins(module, ops) else None
+    joined = _join_linears([module.gate_proj, module.up_proj])[0] if _joins(module, ops) else None
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         return _fused_mlp(module, x, ops, joined) if ops.runs_on(x) else original(x)
@@ -220,15 +233,8 @@ class _JoinedProjections:
 
     def __init__(self, attention: torch.nn.Module):
         modules = [getattr(attention, name) for name in PROJECTIONS]
-        self.weight = torch.cat([m.weight.detach() for m in modules])
-        self.bias = torch.cat([m.bias.detach() for m in modules]) if modules[0].bias is not None else None
+        self.weight, self.bias = _join_linears(modules)
         self.sizes = [m.out_features for m in modules]
-        start = 0
-        for m, size in zip(modules, self.sizes):
-            m.weight.data = self.weight[start : start + size]
-            if self.bias is not None:
-                m.bias.data = self.bias[start : start + size]
-            start += size
         self.input: torch.Tensor | None = None
         self.parts: dict[int, torch.Tensor] = {}
 
@@ -249,14 +255,9 @@ class _JoinedProjections:
 
 
 def _joinable_projections(module: torch.nn.Module) -> bool:
-    """q, k and v are plain linear maps of one input size, all with biases or none."""
+    """The module has q, k and v projections that one matrix product can run."""
     modules = [getattr(module, name, None) for name in PROJECTIONS]
-    return (
-        all(type(m) is torch.nn.Linear for m in modules)
-        and len({m.in_features for m in modules}) == 1
-        and len({m.bias is None for m in modules}) == 1
-        and len({m.weight.dtype for m in modules}) == 1
-    )
+    return _joinable_linears(modules)
 
 
 def _join_projections(model: torch.nn.Module, ops: FusedOps, report: FusionReport, move_weights: bool) -> None:
