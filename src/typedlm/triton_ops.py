@@ -43,6 +43,23 @@ def silu_mul_joined(h: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
+def _normed(x, W, column, columns, eps):
+    """Rows x [ROWS, COLUMNS] (one dtype) -> W · (x·rsqrt(mean(x²) + eps) in float32, rounded to x's dtype)."""
+    x32 = x.to(tl.float32)
+    normed = x32 * tl.rsqrt(tl.sum(x32 * x32, 1) / columns + eps)[:, None]
+    weight = tl.load(W + column, mask=column < columns, other=0.0).to(tl.float32)
+    # the product of two rounded values, rounded once more on the store (as weight · normed.to(x's dtype) is)
+    return weight[None, :] * normed.to(x.dtype).to(tl.float32)
+
+
+def _row_blocks(rows: int, columns: int) -> tuple[tuple[int], int, int]:
+    """(grid, rows per program, columns rounded up to a power of two) for a kernel over rows of `columns`."""
+    block = triton.next_power_of_2(columns)
+    per_program = max(ELEMENTS_PER_PROGRAM // block, 1)
+    return (triton.cdiv(rows, per_program),), per_program, block
+
+
+@triton.jit
 def _rms_norm_kernel(
     X, W, Y, rows, inner, columns, stride_outer, stride_inner, eps, ROWS: tl.constexpr, COLUMNS: tl.constexpr
 ):
@@ -52,12 +69,7 @@ def _rms_norm_kernel(
     row = row.to(tl.int64)
     at = (row // inner) * stride_outer + (row % inner) * stride_inner  # row r of X is X[r // inner, r % inner]
     x = tl.load(X + at[:, None] + column[None, :], mask=inside, other=0.0)
-    x32 = x.to(tl.float32)
-    normed = x32 * tl.rsqrt(tl.sum(x32 * x32, 1) / columns + eps)[:, None]
-    weight = tl.load(W + column, mask=column < columns, other=0.0).to(tl.float32)
-    # the product of two rounded values, rounded once more on the store (as weight · normed.to(x's dtype) is)
-    y = weight[None, :] * normed.to(x.dtype).to(tl.float32)
-    tl.store(Y + row[:, None] * columns + column[None, :], y, mask=inside)
+    tl.store(Y + row[:, None] * columns + column[None, :], _normed(x, W, column, columns, eps), mask=inside)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -74,9 +86,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         grid_rows = grid_rows.contiguous()
     outer, inner = grid_rows.shape[:2]
     out = torch.empty(x.shape, dtype=torch.result_type(weight, x), device=x.device)
-    block = triton.next_power_of_2(columns)
-    per_program = max(ELEMENTS_PER_PROGRAM // block, 1)
-    grid = (triton.cdiv(outer * inner, per_program),)
+    grid, per_program, block = _row_blocks(outer * inner, columns)
     _rms_norm_kernel[grid](
         grid_rows, weight, out, outer * inner, inner, columns, *grid_rows.stride()[:2], eps,
         ROWS=per_program, COLUMNS=block,
@@ -96,11 +106,7 @@ def _add_rms_norm_kernel(
     r = tl.load(R + row[:, None] * stride_r + column[None, :], mask=inside, other=0.0)
     total = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)  # rounded as the plain add rounds it
     tl.store(S + row[:, None] * columns + column[None, :], total, mask=inside)
-    t32 = total.to(tl.float32)
-    normed = t32 * tl.rsqrt(tl.sum(t32 * t32, 1) / columns + eps)[:, None]
-    weight = tl.load(W + column, mask=column < columns, other=0.0).to(tl.float32)
-    y = weight[None, :] * normed.to(x.dtype).to(tl.float32)
-    tl.store(Y + row[:, None] * columns + column[None, :], y, mask=inside)
+    tl.store(Y + row[:, None] * columns + column[None, :], _normed(total, W, column, columns, eps), mask=inside)
 
 
 def add_rms_norm(
@@ -113,9 +119,7 @@ def add_rms_norm(
     xs, rs = (t if t.stride(-1) == 1 else t.contiguous() for t in (xs, rs))
     total = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     out = torch.empty(x.shape, dtype=torch.result_type(weight, x), device=x.device)
-    block = triton.next_power_of_2(columns)
-    per_program = max(ELEMENTS_PER_PROGRAM // block, 1)
-    grid = (triton.cdiv(xs.shape[0], per_program),)
+    grid, per_program, block = _row_blocks(xs.shape[0], columns)
     _add_rms_norm_kernel[grid](
         xs, rs, weight, total, out, xs.shape[0], columns, xs.stride(0), rs.stride(0), eps,
         ROWS=per_program, COLUMNS=block,
