@@ -31,9 +31,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from latency import make_questions, make_state, random_qwen3_06b
 
-from typedlm.decider import Decider
-from typedlm.kernels import unfuse_rope
-from typedlm.models import load_model
+from typedlm.decide.decider import Decider
+from typedlm.runtime.patching import unfuse_rope
+from typedlm.runtime.models import load_model
 
 VARIANTS = {  # captured in this order: `own` before anything is swapped
     "own": dict(fused_kernels=False),
@@ -71,7 +71,7 @@ def norm_rows(model: torch.nn.Module, questions: list[int], prefix_tokens: int, 
     """liger-kernel's RMSNorm against typedlm's (triton_ops.rms_norm) on this model's norm shapes, side by side."""
     from liger_kernel.ops.rms_norm import LigerRMSNormFunction
 
-    from typedlm.triton_ops import rms_norm
+    from typedlm.ops.triton_ops import rms_norm
 
     config = model.config.get_text_config()
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads

@@ -26,11 +26,11 @@ from transformers import AutoTokenizer
 sys.path.insert(0, str(Path(__file__).parent))
 from latency import make_questions, make_state
 
-from typedlm.graphs import Shape, _Slot
-from typedlm.labels import Labeler
-from typedlm.models import converted_gguf, embedded_gguf_path
-from typedlm.packing import PackedItem, pack
-from typedlm.prompt import ChatLayout
+from typedlm.runtime.graphs import Shape, _Slot
+from typedlm.text.labels import Labeler
+from typedlm.runtime.models import converted_gguf, embedded_gguf_path
+from typedlm.runtime.packing import PackedItem, pack
+from typedlm.text.prompt import ChatLayout
 
 
 def main() -> None:

@@ -36,10 +36,10 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache
 
-from typedlm.decider import Decider
-from typedlm.models import LoadedModel, load_model
-from typedlm.prompt import QUESTION_LEAD, question_block
-from typedlm.questions import NoulQuestion
+from typedlm.decide.decider import Decider
+from typedlm.runtime.models import LoadedModel, load_model
+from typedlm.text.prompt import QUESTION_LEAD, question_block
+from typedlm.core.questions import NoulQuestion
 
 TOPICS = [
     "a refund", "a late delivery", "a broken screen", "a discount code", "the warranty", "a second charge",
@@ -238,7 +238,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
     if args.random_qwen3_06b:
-        from typedlm.models import converted_gguf, embedded_gguf_path
+        from typedlm.runtime.models import converted_gguf, embedded_gguf_path
 
         tokenizer_dir = Path(args.tokenizer) if args.tokenizer else converted_gguf(embedded_gguf_path())
         loaded = random_qwen3_06b(tokenizer_dir, args.device, dtype)

@@ -19,8 +19,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from latency import make_questions, make_state, random_qwen3_06b
 
-from typedlm.decider import Decider
-from typedlm.models import load_model
+from typedlm.decide.decider import Decider
+from typedlm.runtime.models import load_model
 
 
 def main() -> None:

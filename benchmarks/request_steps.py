@@ -29,10 +29,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from latency import make_questions, make_state, random_qwen3_06b
 
-from typedlm import engine as engine_module
-from typedlm import graphs
-from typedlm.decider import Decider
-from typedlm.models import load_model
+from typedlm.runtime import engine as engine_module
+from typedlm.runtime import graphs
+from typedlm.decide.decider import Decider
+from typedlm.runtime.models import load_model
 
 NOTES: list[tuple[str, float]] = []
 

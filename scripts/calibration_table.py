@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import sys
 
-from typedlm.metrics import format_table
+from typedlm.offline.metrics import format_table
 
 
 def main(paths: list[str]) -> None:

@@ -15,10 +15,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, Gemma3TextConfig, LlamaConfig, Qwen3Config
 
-from typedlm.attention import kernel_available
-from typedlm.decider import Decider
-from typedlm.labels import LabelSet
-from typedlm.models import LoadedModel, converted_gguf, embedded_gguf_path, load_model
+from typedlm.ops.attention import kernel_available
+from typedlm.decide.decider import Decider
+from typedlm.text.labels import LabelSet
+from typedlm.runtime.models import LoadedModel, converted_gguf, embedded_gguf_path, load_model
 
 FAMILIES = ("qwen3", "llama", "gemma3")
 

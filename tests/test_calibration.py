@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from typedlm.calibration import (
+from typedlm.decide.calibration import (
     FLOOR,
     CalibrationFile,
     calibrate_read,
@@ -20,7 +20,7 @@ from typedlm.calibration import (
     platt,
     tempered,
 )
-from typedlm.errors import ModelError
+from typedlm.core.errors import ModelError
 
 
 def test_contextual_divides_out_the_prior():
@@ -127,8 +127,8 @@ def test_per_question_scaling_learns_how_often_each_answer_is_right():
 
 
 def test_a_files_own_question_parameters_win_over_its_types():
-    from typedlm.calibration import signature
-    from typedlm.questions import ChoiceQuestion
+    from typedlm.decide.calibration import signature
+    from typedlm.core.questions import ChoiceQuestion
 
     known = ChoiceQuestion((("a", None), ("b", None)), "Known?")
     unknown = ChoiceQuestion((("a", None), ("b", None)), "Unknown?")

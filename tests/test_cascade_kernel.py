@@ -64,7 +64,7 @@ def row_by_row(q, k, v, kbuf, vbuf, p, t, doc_rows, mask, scale) -> torch.Tensor
 )
 @pytest.mark.parametrize("t, doc_rows", [(37, 40), (0, 0)])  # 3 padding document rows; no new document rows
 def test_kernel_equals_attention_row_by_row(heads, kv_heads, dim, t, doc_rows):
-    from typedlm.cascade_kernel import cascade_attention
+    from typedlm.ops.cascade_kernel import cascade_attention
 
     torch.manual_seed(heads * 100 + dim)
     p, packed_rows, capacity = 5, 36, 64  # 4 padding packed rows
@@ -91,7 +91,7 @@ def test_kernel_equals_attention_row_by_row(heads, kv_heads, dim, t, doc_rows):
 def test_kernel_takes_strided_rows(layout):
     """q, k, v as the model hands them over: [1, H, R, D] transposed to [R, H, D] views (no copies); or column
     slices of one joined q/k/v product (keys and values with other row strides than each other's)."""
-    from typedlm.cascade_kernel import cascade_attention
+    from typedlm.ops.cascade_kernel import cascade_attention
 
     torch.manual_seed(1)
     heads, kv_heads, dim, p, t, doc_rows, packed_rows = 4, 2, 16, 3, 16, 16, 32
@@ -127,6 +127,6 @@ def test_kernel_takes_strided_rows(layout):
 @pytest.mark.parametrize("heads, kv_heads, dim", [(4, 2, 16), (7, 1, 24)])
 def test_the_engines_probe_passes_here(heads, kv_heads, dim):
     """`kernel_agrees`, which an engine runs before it uses the kernel, compares it with plain attention."""
-    from typedlm.attention import kernel_agrees
+    from typedlm.ops.attention import kernel_agrees
 
     assert kernel_agrees(heads, kv_heads, dim, torch.float32, torch.device(DEVICE))

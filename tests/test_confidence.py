@@ -7,7 +7,7 @@ import random
 import pytest
 from jevcompat import validate
 
-from typedlm.confidence import choice_confidence, normalise, score_confidence
+from typedlm.core.confidence import choice_confidence, normalise, score_confidence
 
 
 def random_distributions(seed: int = 0, count: int = 200):

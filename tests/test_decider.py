@@ -7,9 +7,9 @@ import math
 import pytest
 from typesafe_sdk._schemas.models import SystemOneResponse
 
-from typedlm.confidence import normalise
-from typedlm.errors import InvalidRequest, LimitExceeded
-from typedlm.questions import ChoiceQuestion, NoulQuestion, ScoreQuestion
+from typedlm.core.confidence import normalise
+from typedlm.core.errors import InvalidRequest, LimitExceeded
+from typedlm.core.questions import ChoiceQuestion, NoulQuestion, ScoreQuestion
 
 from .conftest import reference_masses
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from typedlm.confidence import normalise
-from typedlm.engine import Engine
-from typedlm.labels import LabelSet
-from typedlm.packing import PackedItem
-from typedlm.questions import ChoiceQuestion, NoulQuestion, ScoreQuestion
+from typedlm.core.confidence import normalise
+from typedlm.runtime.engine import Engine
+from typedlm.text.labels import LabelSet
+from typedlm.runtime.packing import PackedItem
+from typedlm.core.questions import ChoiceQuestion, NoulQuestion, ScoreQuestion
 
 from .conftest import reference_masses, tiny_model
 

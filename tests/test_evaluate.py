@@ -8,11 +8,11 @@ import sys
 
 import pytest
 
-from typedlm.calibration import CalibrationFile
-from typedlm.errors import InvalidRequest
-from typedlm.evaldata import Example, write_jsonl
-from typedlm.evaluate import HttpBackend, LocalBackend, evaluate, fit_calibrations, gold_index, load_examples
-from typedlm.questions import parse_questions
+from typedlm.decide.calibration import CalibrationFile
+from typedlm.core.errors import InvalidRequest
+from typedlm.offline.evaldata import Example, write_jsonl
+from typedlm.offline.evaluate import HttpBackend, LocalBackend, evaluate, fit_calibrations, gold_index, load_examples
+from typedlm.core.questions import parse_questions
 
 QUESTIONS = {
     "positive": {"type": "noul", "instructions": "Is this review positive?"},

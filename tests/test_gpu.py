@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from typedlm.attention import attend_with_lse, plain_attention
-from typedlm.confidence import normalise
-from typedlm.decider import Decider
-from typedlm.engine import Engine
-from typedlm.kernels import unfuse_rope
-from typedlm.models import LoadedModel
-from typedlm.questions import ChoiceQuestion, NoulQuestion, ScoreQuestion
+from typedlm.ops.attention import attend_with_lse, plain_attention
+from typedlm.core.confidence import normalise
+from typedlm.decide.decider import Decider
+from typedlm.runtime.engine import Engine
+from typedlm.runtime.patching import unfuse_rope
+from typedlm.runtime.models import LoadedModel
+from typedlm.core.questions import ChoiceQuestion, NoulQuestion, ScoreQuestion
 
 from .conftest import reference_masses, tiny_model
 

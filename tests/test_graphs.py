@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from typedlm.attention import attend_ranges, attend_with_lse
-from typedlm.engine import Engine
-from typedlm.graphs import Shape, _Slot, bucket
-from typedlm.labels import LabelSet
-from typedlm.packing import PackedItem, pack
+from typedlm.ops.attention import attend_ranges, attend_with_lse
+from typedlm.runtime.engine import Engine
+from typedlm.runtime.graphs import Shape, _Slot, bucket
+from typedlm.text.labels import LabelSet
+from typedlm.runtime.packing import PackedItem, pack
 
 from .conftest import needs_triton, tiny_model
 

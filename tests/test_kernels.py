@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from typedlm.kernels import CAPTURED, agrees, fuse, reference_ops, unfuse_rope
+from typedlm.runtime.patching import CAPTURED, agrees, fuse, reference_ops, unfuse_rope
 
 from .conftest import needs_triton, tiny_model
 
@@ -158,7 +158,7 @@ def test_fusing_twice_swaps_once(ids):
 @needs_triton
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_joined_silu_mul_kernel_equals_the_reference(dtype):
-    from typedlm.triton_ops import COLUMNS_PER_PROGRAM, silu_mul_joined
+    from typedlm.ops.triton_ops import COLUMNS_PER_PROGRAM, silu_mul_joined
 
     columns = COLUMNS_PER_PROGRAM + 37  # a partial block of columns
     h = torch.randn(2, 5, 2 * columns, generator=torch.Generator().manual_seed(0)).to(dtype).to(DEVICE)
@@ -187,8 +187,8 @@ def test_gate_and_up_stay_apart_once_graphs_were_captured(ids):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("shape", [(2, 5, 1024), (1, 7, 16, 128), (3, 96)])  # hidden, per head, not a power of two
 def test_rms_norm_kernel_equals_the_reference(shape, dtype):
-    from typedlm.kernels import _reference_rms_norm
-    from typedlm.triton_ops import rms_norm
+    from typedlm.runtime.patching import _reference_rms_norm
+    from typedlm.ops.triton_ops import rms_norm
 
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(shape, generator=generator).to(dtype).to(DEVICE)
@@ -201,8 +201,8 @@ def test_rms_norm_kernel_equals_the_reference(shape, dtype):
 @needs_triton
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rms_norm_kernel_reads_heads_of_a_joined_product_in_place(dtype):
-    from typedlm.kernels import _reference_rms_norm
-    from typedlm.triton_ops import rms_norm
+    from typedlm.runtime.patching import _reference_rms_norm
+    from typedlm.ops.triton_ops import rms_norm
 
     generator = torch.Generator().manual_seed(0)
     joined = torch.randn(1, 7, (4 + 2 + 2) * 128, generator=generator).to(dtype).to(DEVICE)  # q, k, v heads
@@ -215,7 +215,7 @@ def test_rms_norm_kernel_reads_heads_of_a_joined_product_in_place(dtype):
 @needs_triton
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_add_rms_norm_kernel_equals_the_add_and_the_norm(dtype):
-    from typedlm.triton_ops import add_rms_norm
+    from typedlm.ops.triton_ops import add_rms_norm
 
     generator = torch.Generator().manual_seed(0)
     x, residual = (torch.randn(2, 5, 1024, generator=generator).to(dtype).to(DEVICE) for _ in range(2))

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from typedlm.errors import ModelError
-from typedlm.labels import Labeler, LabelSet, choice_labels, score_labels
-from typedlm.prompt import ChatLayout
+from typedlm.core.errors import ModelError
+from typedlm.text.labels import Labeler, LabelSet, choice_labels, score_labels
+from typedlm.text.prompt import ChatLayout
 
 
 @pytest.fixture(scope="module")

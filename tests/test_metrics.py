@@ -12,7 +12,7 @@ import re
 
 import pytest
 
-from typedlm.metrics import Prediction, format_table, reliability_plot, summarize
+from typedlm.offline.metrics import Prediction, format_table, reliability_plot, summarize
 
 
 def noul(p_yes: float, gold: int, raw_mass: float = 1.0) -> Prediction:

@@ -7,9 +7,9 @@ import random
 import pytest
 from transformers import AutoTokenizer
 
-from typedlm.errors import ModelError
-from typedlm.prompt import SYSTEM_PROMPT, ChatLayout, common_prefix_length, question_block, render_text
-from typedlm.questions import ChoiceQuestion, NoulQuestion, ScoreQuestion
+from typedlm.core.errors import ModelError
+from typedlm.text.prompt import SYSTEM_PROMPT, ChatLayout, common_prefix_length, question_block, render_text
+from typedlm.core.questions import ChoiceQuestion, NoulQuestion, ScoreQuestion
 
 QUESTIONS = [
     NoulQuestion("Is it spam?"),
@@ -129,7 +129,7 @@ def test_suffixes_equal_the_whole_prompts_tokenized_alone(layout, state):
 
 def test_remembered_documents_and_suffixes_equal_fresh_tokenizations(tokenizer, monkeypatch):
     # Documents that differ only next to the cut, each asked twice (the second time from memory), in turn.
-    monkeypatch.setattr("typedlm.prompt.DOCUMENT_CACHE_ENTRIES", 3)
+    monkeypatch.setattr("typedlm.text.prompt.DOCUMENT_CACHE_ENTRIES", 3)
     layout = ChatLayout(tokenizer)
     states = ["ends with a", "ends with a.", "ends with >", "ends with a\n</document", "ends with\n\n", "x" * 300]
     states += ["1234567890" * 40, "東京" * 100 + "。", "a" + " " * 200 + "\tb", "<" * 120, "word\n" * 100 + "\u2060"]

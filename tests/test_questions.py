@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from typedlm.errors import InvalidRequest
-from typedlm.questions import (
+from typedlm.core.errors import InvalidRequest
+from typedlm.core.questions import (
     MAX_LEVELS,
     MAX_OPTIONS,
     ChoiceQuestion,

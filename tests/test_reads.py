@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from typedlm.calibration import CalibrationFile, contextual, normalised
-from typedlm.decider import CONTENT_FREE_STATE, Decider, rotations
-from typedlm.errors import InvalidRequest, ModelError
-from typedlm.models import LoadedModel
-from typedlm.prompt import PROMPT_VERSION
-from typedlm.questions import ChoiceQuestion, NoulQuestion, ScoreQuestion
+from typedlm.decide.calibration import CalibrationFile, contextual, normalised
+from typedlm.decide.decider import CONTENT_FREE_STATE, Decider, rotations
+from typedlm.core.errors import InvalidRequest, ModelError
+from typedlm.runtime.models import LoadedModel
+from typedlm.text.prompt import PROMPT_VERSION
+from typedlm.core.questions import ChoiceQuestion, NoulQuestion, ScoreQuestion
 
 from .conftest import tiny_model
 
@@ -84,7 +84,7 @@ def test_fitted_calibration_needs_a_file_for_this_model(decider, tokenizer):
 def test_fingerprint_ignores_dtype_but_not_weights(decider, tokenizer):
     import torch
 
-    from typedlm.models import model_fingerprint
+    from typedlm.runtime.models import model_fingerprint
 
     model = tiny_model("qwen3", len(tokenizer), seed=5)
     assert model_fingerprint(model) == decider.fingerprint

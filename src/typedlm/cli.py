@@ -20,12 +20,13 @@ import re
 import sys
 from pathlib import Path
 
-from typedlm.calibration import DEFAULT_CALIBRATION
-from typedlm.errors import InvalidRequest, ModelError, TypedLMError
-from typedlm.evaldata import DATASETS
-from typedlm.evaluate import SPLITS
-from typedlm.models import EMBEDDED_MODEL, RECOMMENDED_MODEL
-from typedlm.questions import CALIBRATION_METHODS
+from typedlm.core.errors import InvalidRequest, ModelError, TypedLMError
+from typedlm.core.options import EngineOptions
+from typedlm.core.questions import CALIBRATION_METHODS
+from typedlm.decide.calibration import DEFAULT_CALIBRATION
+from typedlm.offline.evaldata import DATASETS
+from typedlm.offline.evaluate import SPLITS
+from typedlm.runtime.models import EMBEDDED_MODEL, RECOMMENDED_MODEL
 from typedlm.server.settings import API_KEYS_ENV
 
 EXIT_BAD_INPUT = 2
@@ -152,8 +153,8 @@ def _read_body(path: str | None) -> object:
 
 
 def ask(args: argparse.Namespace) -> int:
-    from typedlm.decider import Decider
-    from typedlm.questions import parse_request
+    from typedlm.core.questions import parse_request
+    from typedlm.decide.decider import Decider
 
     request = parse_request(_read_body(args.file))  # validate before the (slow) model load
     decider = Decider.load(args.model, args.device, args.dtype, **_calibration_kwargs(args))
@@ -166,7 +167,7 @@ def ask(args: argparse.Namespace) -> int:
 def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from typedlm.decider import Decider
+    from typedlm.decide.decider import Decider
     from typedlm.server import ServerSettings, create_app
     from typedlm.server.settings import keys_from_env
 
@@ -178,24 +179,20 @@ def serve(args: argparse.Namespace) -> int:
         request_timeout_s=args.timeout,
         max_body_bytes=args.max_body_bytes,
     )
+    engine = EngineOptions(
+        cuda_graphs=None if args.cuda_graphs else False, fused_kernels=None if args.fused_kernels else False
+    )
     decider = Decider.load(
         args.model,
         args.device,
         args.dtype,
-        args.max_input_tokens,
+        engine=engine,
+        max_input_tokens=args.max_input_tokens,
         prefix_cache_bytes=args.prefix_cache_mb << 20,
-        cuda_graphs=None if args.cuda_graphs else False,
-        fused_kernels=None if args.fused_kernels else False,
         **_calibration_kwargs(args),
     )
-    if decider.engine.fusion is not None:
-        print(f"typedlm: {decider.engine.fusion}", file=sys.stderr)
-    if decider.engine.runner is not None and decider.engine.runner.attention_kernel:
-        print("typedlm: cascade attention as one Triton kernel per layer", file=sys.stderr)
-    elif decider.engine.runner is not None and args.fused_kernels:
-        print("typedlm: cascade attention with torch's kernels (no Triton kernel for this model here)", file=sys.stderr)
-    elif args.device.startswith("cuda") and args.fused_kernels:
-        print("typedlm: fused kernels off (pip install 'typedlm[cuda]' for liger-kernel)", file=sys.stderr)
+    for line in decider.features.summary():
+        print(f"typedlm: {line}", file=sys.stderr)
     auth = f"{len(settings.api_keys)} API key(s)" if settings.api_keys else "auth off"
     print(f"typedlm: serving {decider.name} on http://{args.host}:{args.port} ({auth})", file=sys.stderr, flush=True)
     uvicorn.run(create_app(decider, settings), host=args.host, port=args.port, timeout_graceful_shutdown=60)
@@ -214,16 +211,16 @@ def _progress(description: str):
 
 
 def evaluate_command(args: argparse.Namespace) -> int:
-    from typedlm.evaluate import HttpBackend, LocalBackend, evaluate, load_examples
-    from typedlm.metrics import format_table, reliability_plot
+    from typedlm.offline.evaluate import HttpBackend, LocalBackend, evaluate, load_examples
+    from typedlm.offline.metrics import format_table, reliability_plot
 
     examples = load_examples(args.data, args.split, args.limit, args.seed)
     if args.url:
         backend = HttpBackend(args.url, args.api_key)
         methods = args.methods or ["raw", "contextual"]
     else:
-        from typedlm.calibration import CalibrationFile
-        from typedlm.decider import Decider
+        from typedlm.decide.calibration import CalibrationFile
+        from typedlm.decide.decider import Decider
 
         files = {f"fitted ({Path(path).stem})": CalibrationFile.load(path) for path in args.calibration_file}
         if len(files) == 1:
@@ -252,8 +249,9 @@ def evaluate_command(args: argparse.Namespace) -> int:
 
 
 def calibrate_command(args: argparse.Namespace) -> int:
-    from typedlm.decider import Decider
-    from typedlm.evaluate import fit_calibrations, load_examples
+    from typedlm.decide.decider import Decider
+    from typedlm.offline.evaluate import load_examples
+    from typedlm.offline.fitting import fit_calibrations
 
     examples = [e for data in args.data for e in load_examples(data, args.split, args.limit, args.seed)]
     decider = Decider.load(args.model, args.device, args.dtype)

@@ -15,9 +15,9 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from typedlm.answers import Response
-from typedlm.errors import InvalidRequest, LimitExceeded
-from typedlm.questions import Question, Text, parse_request
+from typedlm.core.answers import Response
+from typedlm.core.errors import InvalidRequest, LimitExceeded
+from typedlm.core.questions import Question, Text, parse_request
 from typedlm.server import chat, schemas
 from typedlm.server.auth import check_bearer
 from typedlm.server.body import parse_json, read_body

@@ -9,7 +9,7 @@ from typing import Any
 
 from fastapi import Request
 
-from typedlm.errors import InvalidRequest
+from typedlm.core.errors import InvalidRequest
 from typedlm.server.errors import APIError
 
 if sys.version_info >= (3, 14):

@@ -14,8 +14,8 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 
-from typedlm.errors import InvalidRequest
-from typedlm.questions import Question, Text, parse_questions
+from typedlm.core.errors import InvalidRequest
+from typedlm.core.questions import Question, Text, parse_questions
 
 NOT_A_DECISION = (
     "this server decides, it does not generate: put the questions (the `questions` object of /v1/systemone, "

@@ -13,7 +13,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from typedlm.errors import InvalidRequest, LimitExceeded, TypedLMError
+from typedlm.core.errors import InvalidRequest, LimitExceeded, TypedLMError
 
 
 class APIError(Exception):

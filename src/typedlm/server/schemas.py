@@ -1,6 +1,6 @@
 """Pydantic models of the wire format, for the OpenAPI document at /docs.
 
-Requests are validated by `typedlm.questions` (one source of truth for the rules and their messages);
+Requests are validated by `typedlm.core.questions` (one source of truth for the rules and their messages);
 these models describe the same shapes for readers and client generators.
 """
 

@@ -14,20 +14,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from typedlm.calibration import (
-    MIN_QUESTION_EXAMPLES,
-    CalibrationFile,
-    calibrate_read,
-    fit_platt,
-    fit_scaling,
-    fit_temperature,
-    signature,
-)
-from typedlm.errors import InvalidRequest, TypedLMError
-from typedlm.evaldata import DATASETS, Example, read_jsonl, sample, split
-from typedlm.metrics import Prediction, summarize
-from typedlm.prompt import PROMPT_VERSION
-from typedlm.questions import ChoiceQuestion, NoulQuestion, Question, parse_questions, parse_state
+from typedlm.core.errors import InvalidRequest, TypedLMError
+from typedlm.core.questions import parse_questions, parse_state
+from typedlm.decide.calibration import CalibrationFile
+from typedlm.offline.evaldata import DATASETS, Example, read_jsonl, sample, split
+from typedlm.offline.metrics import Prediction, summarize
 
 SPLITS = ("train", "held_out", "all")
 WireAnswers = dict[str, dict[str, Any]]  # question id → answer as on the wire
@@ -51,24 +42,6 @@ def load_examples(data: str, split_name: str = "held_out", limit: int | None = N
     return examples
 
 
-def gold_index(question: Question, gold: Any) -> int:
-    """The gold answer as a class index: noul 1 = yes, choice the option's position, score the level."""
-    if isinstance(question, NoulQuestion):
-        return int(bool(gold))
-    if isinstance(question, ChoiceQuestion):
-        return [name for name, _ in question.options].index(gold)
-    return int(gold)
-
-
-def probabilities(question: Question, answer: Mapping[str, Any]) -> tuple[float, ...]:
-    """A wire answer's probabilities in class order (noul: (p_no, p_yes))."""
-    if isinstance(question, NoulQuestion):
-        return (1 - answer["noul"], answer["noul"])
-    if isinstance(question, ChoiceQuestion):
-        return tuple(answer["probabilities"][name] for name, _ in question.options)
-    return tuple(answer["probabilities"][str(i)] for i in range(len(question.levels)))
-
-
 class LocalBackend:
     """A decider in this process: one forward per example and order-read count, every method from it.
 
@@ -81,13 +54,13 @@ class LocalBackend:
         self.name = decider.name
         self.fitted = dict(fitted or {})
         for file in self.fitted.values():
-            file.check(decider.fingerprint, PROMPT_VERSION)
+            decider.check_calibration(file)
 
     def answers(self, example: Example, methods: Sequence[str], order_reads: int) -> dict[str, WireAnswers]:
         questions = parse_questions(example.questions)
         contextual = any(self.decider.needs_prior(m) for m in methods)
         contextual |= any(file.base == "contextual" for file in self.fitted.values())
-        reads, _ = self.decider.read(parse_state(example.state), questions, order_reads, contextual)
+        reads = self.decider.read(parse_state(example.state), questions, order_reads, contextual).reads
         answer = self.decider.answer
         rows = {m: {q: answer(questions[q], reads[q], m).to_wire() for q in questions} for m in methods}
         for label, file in self.fitted.items():
@@ -136,62 +109,8 @@ def evaluate(
                 for qid, question in questions.items():
                     answer = answers[qid]
                     kind = answer["type"]
-                    gold = gold_index(question, example.gold[qid])
+                    gold = question.gold_index(example.gold[qid])
                     predictions.setdefault(row, []).append(
-                        Prediction(kind, probabilities(question, answer), gold, answer.get("x_raw_mass", 0.0))
+                        Prediction(kind, question.wire_probabilities(answer), gold, answer.get("x_raw_mass", 0.0))
                     )
     return {row: summarize(preds) for row, preds in predictions.items()}
-
-
-def fit_calibrations(
-    decider,
-    examples: Iterable[Example],
-    bases: Sequence[str] = ("raw",),
-    data: Mapping[str, Any] | None = None,
-    progress=None,
-) -> dict[str, CalibrationFile]:
-    """Fit calibration files on `examples`, one per base method, from one forward per example.
-
-    Per question type: Platt scaling (noul) or a temperature (choice, score). Per question asked at least
-    `MIN_QUESTION_EXAMPLES` times: Platt scaling, or a temperature and a bias per option.
-    """
-    progress = progress or (lambda it: it)
-    # one row per answer: (kind, question signature, probabilities under each base, gold class)
-    rows: list[tuple[str, str, dict[str, Any], int]] = []
-    for example in progress(list(examples)):
-        questions = parse_questions(example.questions)
-        reads, _ = decider.read(parse_state(example.state), questions, 1, contextual="contextual" in bases)
-        for qid, question in questions.items():
-            r = reads[qid]
-            prior = r.priors[0] if r.priors else None
-            by_base = {base: calibrate_read(r.kind, r.masses[0], base, prior) for base in bases}
-            rows.append((r.kind, signature(question), by_base, gold_index(question, example.gold[qid])))
-    files = {}
-    for base in bases:
-        params = {}
-        for kind in ("noul", "choice", "score"):
-            mine = [(row[2][base], row[3]) for row in rows if row[0] == kind]
-            if mine:
-                params[kind] = _fit(kind, *zip(*mine, strict=True), per_question=False)
-        per_question = {}
-        for key in dict.fromkeys(row[1] for row in rows):
-            mine = [row for row in rows if row[1] == key]
-            if len(mine) >= MIN_QUESTION_EXAMPLES:
-                fit = _fit(mine[0][0], [row[2][base] for row in mine], [row[3] for row in mine], per_question=True)
-                per_question[key] = {"kind": mine[0][0], "n": len(mine), **fit}
-        counts = {kind: sum(row[0] == kind for row in rows) for kind in ("noul", "choice", "score")}
-        info = {**(data or {}), "answers": {k: n for k, n in counts.items() if n}}
-        files[base] = CalibrationFile(
-            decider.name, decider.fingerprint, PROMPT_VERSION, base, params, info, per_question
-        )
-    return files
-
-
-def _fit(kind: str, probs: Sequence, gold: Sequence[int], per_question: bool) -> dict[str, Any]:
-    if kind == "noul":
-        a, b = fit_platt(probs, [g == 1 for g in gold])
-        return {"a": a, "b": b}
-    if per_question:
-        temperature, bias = fit_scaling(probs, gold)
-        return {"temperature": temperature, "bias": bias}
-    return {"temperature": fit_temperature(probs, gold)}

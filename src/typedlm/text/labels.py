@@ -16,11 +16,12 @@ from dataclasses import dataclass
 from functools import cache, cached_property
 from itertools import product
 
-from typedlm.errors import ModelError
+from typedlm.core.errors import ModelError
+from typedlm.core.questions import Question
 
 TokenSeq = tuple[int, ...]
 
-NOUL_FORMS = (("yes", "Yes", "YES", "y", "Y"), ("no", "No", "NO", "n", "N"))  # index 0 = yes
+NOUL_FORMS = (("yes", "Yes", "YES", "y", "Y"), ("no", "No", "NO", "n", "N"))  # [yes, no]: see core.questions.YES
 
 
 def choice_labels(n: int) -> list[str]:
@@ -37,6 +38,14 @@ def score_labels(n: int) -> list[str]:
     """Level i is labelled by its number; single digits keep the labels prefix-free."""
     assert n <= 10, "score labels are single digits"
     return [str(i) for i in range(n)]
+
+
+# each question kind's surface forms, one group per answer, for n answers
+LABEL_FORMS = {
+    "noul": lambda n: NOUL_FORMS,
+    "choice": lambda n: [[label] for label in choice_labels(n)],
+    "score": lambda n: [[label] for label in score_labels(n)],
+}
 
 
 def _is_prefix(short: TokenSeq, long: TokenSeq) -> bool:
@@ -110,20 +119,16 @@ class Labeler:
         return LabelSet.build(token_groups)
 
     @cache  # noqa: B019 - a Labeler lives as long as its model
-    def noul(self) -> LabelSet:
-        return self.label_set(NOUL_FORMS)
+    def labels(self, kind: str, n: int) -> LabelSet:
+        """The label set of a question of `kind` with `n` answers, built once per kind and size."""
+        return self.label_set(LABEL_FORMS[kind](n))
 
-    @cache  # noqa: B019
-    def choice(self, n: int) -> LabelSet:
-        return self.label_set([[label] for label in choice_labels(n)])
-
-    @cache  # noqa: B019
-    def score(self, n: int) -> LabelSet:
-        return self.label_set([[label] for label in score_labels(n)])
+    def for_question(self, question: Question) -> LabelSet:
+        return self.labels(question.kind, question.size)
 
     def verify(self, max_options: int, max_levels: int) -> None:
         """Build the largest label sets once, so a tokenizer that cannot serve them fails at load time."""
-        self.noul()
-        self.choice(min(max_options, 26))
-        self.choice(max_options)
-        self.score(max_levels)
+        self.labels("noul", 2)
+        self.labels("choice", min(max_options, 26))
+        self.labels("choice", max_options)
+        self.labels("score", max_levels)

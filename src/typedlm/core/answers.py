@@ -8,9 +8,10 @@ else), whatever the normalised probabilities look like. On the wire it is the ex
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from typedlm.questions import Text
+if TYPE_CHECKING:
+    from typedlm.core.questions import Text
 
 
 def _extensions(extras: dict[str, Any]) -> dict[str, Any]:

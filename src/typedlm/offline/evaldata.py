@@ -38,8 +38,8 @@ from typing import Any
 
 import numpy as np
 
-from typedlm.errors import InvalidRequest, TypedLMError
-from typedlm.questions import ChoiceQuestion, NoulQuestion, ScoreQuestion, Text, parse_request
+from typedlm.core.errors import InvalidRequest, TypedLMError
+from typedlm.core.questions import Text, parse_request
 
 MAX_ARTICLE_CHARS = 1500  # headline + body of a BBC article; about 350 tokens, so a request stays well under 600
 SYS1BENCH_SEED = 1  # the generators' seed for `sys1bench_generated` (the canary uses 9001)
@@ -122,17 +122,10 @@ def validate(example: Example) -> None:
         )
     for qid, question in request.questions.items():
         gold = example.gold[qid]
-        if isinstance(question, NoulQuestion):
-            ok, want = isinstance(gold, bool), "true or false"
-        elif isinstance(question, ChoiceQuestion):
-            names = [name for name, _ in question.options]
-            ok, want = isinstance(gold, str) and gold in names, f"one of {names}"
-        else:
-            assert isinstance(question, ScoreQuestion), f"unexpected question type {type(question).__name__}"
-            n = len(question.levels)
-            ok, want = type(gold) is int and 0 <= gold < n, f"a level index 0..{n - 1}"
-        if not ok:
-            raise ValueError(f"{example.id}: gold for {qid!r} is {gold!r}; it must be {want}")
+        try:
+            question.gold_index(gold)
+        except ValueError as exc:
+            raise ValueError(f"{example.id}: gold for {qid!r} is {gold!r}; it must be {exc}") from None
 
 
 # --------------------------------------------------------------------------- locating package data

@@ -17,6 +17,8 @@ Several reads of one question (the option order rotated, see the decider) are ca
 then averaged; `combine` returns the mean, the standard error of the chosen answer's probability across
 reads, and the share of reads that agree with the combined argmax.
 
+Fitting the parameters on labeled data is offline work: `typedlm.offline.fitting`.
+
 A `CalibrationFile` records what it was fitted for (the model's fingerprint and the prompt version) and on
 what data; `check` refuses it for another model or prompt, since its numbers would be meaningless there.
 """
@@ -33,16 +35,14 @@ from typing import Any
 
 import numpy as np
 
-from typedlm.confidence import normalise
-from typedlm.errors import ModelError
-from typedlm.prompt import question_block
-from typedlm.questions import Question
+from typedlm.core.confidence import normalise
+from typedlm.core.errors import ModelError
+from typedlm.core.questions import Question
+from typedlm.text.prompt import question_block
 
 DEFAULT_CALIBRATION = "contextual"  # without a file: as good as raw or better on every held-out set (docs)
 FORMAT = "typedlm-calibration/1"
 FLOOR = 1e-12  # probabilities are clipped here before logarithms
-MIN_QUESTION_EXAMPLES = 30  # training answers a question needs for parameters of its own
-BIAS_PENALTY = 1e-3  # L2 on per-option biases: an option never right in training is not pushed to −∞
 
 
 def signature(question: Question) -> str:
@@ -188,59 +188,3 @@ def combine(reads: Sequence[Sequence[float]]) -> tuple[list[float], float, float
     stderr = float(stacked[:, top].std(ddof=1) / math.sqrt(k)) if k > 1 else 0.0
     agreement = float((stacked.argmax(axis=1) == top).mean())
     return mean.tolist(), stderr, agreement
-
-
-# ---------------------------------------------------------------- fitting (used by `typedlm calibrate`)
-
-
-def _nll(probs: np.ndarray, gold: np.ndarray) -> float:
-    return float(-np.log(np.maximum(probs[np.arange(len(gold)), gold], FLOOR)).mean())
-
-
-def fit_temperature(probs: Sequence[np.ndarray], gold: Sequence[int]) -> float:
-    """The temperature minimising the NLL of `gold` under p ∝ p^(1/T) (rows may differ in length)."""
-    from scipy.optimize import minimize_scalar
-
-    def loss(log_t: float) -> float:
-        t = math.exp(log_t)
-        return float(np.mean([-math.log(max(tempered(p, t)[g], FLOOR)) for p, g in zip(probs, gold, strict=True)]))
-
-    return float(math.exp(minimize_scalar(loss, bounds=(-4.0, 4.0), method="bounded").x))
-
-
-def fit_scaling(probs: Sequence[np.ndarray], gold: Sequence[int]) -> tuple[float, list[float]]:
-    """(T, biases) minimising the NLL of `gold` under p ∝ p^(1/T)·e^(b) for one question (fixed option count);
-    the first bias is 0, the others are lightly penalised (`BIAS_PENALTY`)."""
-    from scipy.optimize import minimize
-
-    logp = np.log(np.maximum(np.stack(probs), FLOOR))  # [N, n]
-    gold = np.asarray(gold)
-
-    def loss(x: np.ndarray) -> float:
-        logits = logp / math.exp(x[0]) + np.concatenate([[0.0], x[1:]])
-        lse = np.logaddexp.reduce(logits, axis=1)
-        return float((lse - logits[np.arange(len(gold)), gold]).mean() + BIAS_PENALTY * (x[1:] ** 2).sum())
-
-    result = minimize(
-        loss, np.zeros(logp.shape[1]), method="L-BFGS-B", bounds=[(-4, 4)] + [(-10, 10)] * (logp.shape[1] - 1)
-    )
-    return float(math.exp(result.x[0])), [0.0, *map(float, result.x[1:])]
-
-
-def fit_platt(probs: Sequence[np.ndarray], gold_yes: Sequence[bool]) -> tuple[float, float]:
-    """(a, b) minimising the NLL of σ(a·z + b), z = log(p_yes/p_no): logistic regression on one feature.
-
-    a is kept ≥ 0: calibration may flatten the model's evidence but never reverse it (data that mixes
-    questions with opposite biases can otherwise fit a negative slope that would flip every answer).
-    """
-    from scipy.optimize import minimize
-
-    z = np.array([math.log(max(p[0], FLOOR)) - math.log(max(p[1], FLOOR)) for p in probs])
-    y = np.asarray(gold_yes, dtype=np.float64)
-
-    def loss(ab: np.ndarray) -> float:
-        s = ab[0] * z + ab[1]
-        return float(np.mean(np.logaddexp(0, -s) * y + np.logaddexp(0, s) * (1 - y)))
-
-    result = minimize(loss, np.array([1.0, 0.0]), method="L-BFGS-B", bounds=[(0.0, 100.0), (-50.0, 50.0)])
-    return float(result.x[0]), float(result.x[1])

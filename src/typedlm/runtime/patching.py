@@ -1,11 +1,10 @@
-"""Fused kernels for a model's small operations: RMSNorm, the SwiGLU product and rotary embeddings.
+"""Model patching: a model's small operations (RMSNorm, the SwiGLU product, rotary embeddings) swapped for fused ones.
 
 transformers runs a Llama-family layer's small operations as chains of elementwise kernels, in float32 (an
 RMSNorm is six kernels, a rotary embedding about ten). On a GPU, under a CUDA graph, those kernels and their
 memory traffic took more time than the matrix products (see benchmarks/README.md). `fuse(model, ops)` swaps
-each for one kernel; `liger_ops()` gives Triton kernels where liger-kernel is installed (`pip install
-'typedlm[cuda]'`: its rotary and SwiGLU product, with typedlm's own RMSNorm and joined SwiGLU from
-`triton_ops`), `reference_ops()` the same operations in plain torch (any device: tests).
+each for one kernel of `ops` (a `typedlm.ops.fused.FusedOps`: the Triton kernels, or the same operations in
+plain torch for tests).
 
 Nothing is swapped on trust. Each candidate runs beside the module or function it would replace, on random
 inputs of the model's shapes, dtype and device, and is kept only where the two agree (`agrees`). A family whose
@@ -20,49 +19,24 @@ v's calls on the same input take their columns in place). Moving weights would b
 captured on the model, so a model that has them keeps its projections apart.
 
 Norms and MLPs are swapped per module instance. Rotary embeddings are a module-level function of the model's
-modeling file (`apply_rotary_pos_emb`): it is wrapped in that module, for every model of the family in this
-process; the wrapper calls the fused kernel only for CUDA tensors and the original otherwise.
+modeling file (`apply_rotary_pos_emb`, reached through `hf`): it is wrapped there, for every model of the family
+in this process; the wrapper calls the fused kernel only for CUDA tensors and the original otherwise.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
+from typedlm.ops.fused import FusedOps, agrees
+from typedlm.runtime import hf
+
 PROBE_ROWS = 8  # rows of the random inputs a candidate is checked on
 CAPTURED = "_typedlm_graphs_captured"  # set on a model's decoder once CUDA graphs recorded its weights' addresses
 _WRAPPED = "_typedlm_fused"  # marks a forward or rotary function already swapped (its value: the ops' name)
-
-
-@dataclass(frozen=True)
-class FusedOps:
-    """One implementation of each operation.
-
-    - `rms_norm(x [..., D], weight [D], eps) -> [..., D]`: x·rsqrt(mean(x²) + eps) in float32, cast back to
-      x's dtype, times weight (transformers' Llama convention);
-    - `silu_mul(gate [..., F], up [..., F]) -> [..., F]`: silu(gate)·up;
-    - `rope(q [B, H, L, D], k [B, Hkv, L, D], cos [B, L, D], sin [B, L, D]) -> (q, k)`: rotated by halves (may
-      write into q and k);
-    - `silu_mul_joined(h [..., 2F]) -> [..., F]`: silu(h[..., :F])·h[..., F:], for an MLP whose gate and up
-      projections run as one matrix product (None: they run apart, through `silu_mul`);
-    - `add_rms_norm(x, residual, weight, eps) -> (residual + x, rms_norm(residual + x))`: a decoder layer's
-      residual add and the norm that reads its sum (None: they run apart).
-    """
-
-    name: str
-    device_type: str | None  # the device these kernels run on (None: any); other tensors take the original path
-    rms_norm: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
-    silu_mul: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-    rope: Callable[..., tuple[torch.Tensor, torch.Tensor]]
-    silu_mul_joined: Callable[[torch.Tensor], torch.Tensor] | None = None
-    add_rms_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
-
-    def runs_on(self, x: torch.Tensor) -> bool:
-        return self.device_type is None or x.device.type == self.device_type
 
 
 @dataclass
@@ -83,78 +57,6 @@ class FusionReport:
         joined = f", q/k/v joined in {self.projections} layers" if self.projections else ""
         added = f", residual adds fused with norms in {self.residual_norms} layers" if self.residual_norms else ""
         return f"{self.ops} kernels: {self.norms} norms, {self.mlps} MLPs, rotary {rope}{joined}{added}{kept}"
-
-
-def _reference_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    # x: [..., D]
-    x32 = x.float()
-    return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-
-
-def _reference_silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    return torch.nn.functional.silu(gate) * up
-
-
-def _reference_rope(q, k, cos, sin):
-    # q: [B, H, L, D], cos/sin: [B, L, D] -> broadcast over heads
-    cos, sin = cos[:, None], sin[:, None]
-
-    def rotate(x: torch.Tensor) -> torch.Tensor:
-        half = x.shape[-1] // 2
-        return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-    return q * cos + rotate(q) * sin, k * cos + rotate(k) * sin
-
-
-def _reference_silu_mul_joined(h: torch.Tensor) -> torch.Tensor:
-    gate, up = h.chunk(2, dim=-1)
-    return _reference_silu_mul(gate, up)
-
-
-def _reference_add_rms_norm(x, residual, weight, eps):
-    total = residual + x
-    return total, _reference_rms_norm(total, weight, eps)
-
-
-def reference_ops() -> FusedOps:
-    """The operations in plain torch: what the fused kernels must compute."""
-    return FusedOps(
-        "reference",
-        None,
-        _reference_rms_norm,
-        _reference_silu_mul,
-        _reference_rope,
-        _reference_silu_mul_joined,
-        _reference_add_rms_norm,
-    )
-
-
-def liger_ops() -> FusedOps | None:
-    """Triton kernels: liger-kernel's rotary and SwiGLU product, typedlm's RMSNorm, joined SwiGLU and residual
-    add with RMSNorm (`triton_ops`); None where liger-kernel (or Triton) is not installed."""
-    try:
-        from liger_kernel.ops.rope import LigerRopeFunction
-        from liger_kernel.ops.swiglu import LigerSiLUMulFunction
-
-        from typedlm.triton_ops import add_rms_norm, rms_norm, silu_mul_joined
-    except ImportError:
-        return None
-    return FusedOps(
-        "triton",
-        "cuda",
-        rms_norm,
-        LigerSiLUMulFunction.apply,
-        lambda q, k, cos, sin: LigerRopeFunction.apply(q, k, cos, sin),
-        silu_mul_joined,
-        add_rms_norm,
-    )
-
-
-def agrees(got: torch.Tensor, want: torch.Tensor) -> bool:
-    """Equal up to the rounding of the dtype (relative to the values' scale)."""
-    tolerance = 1e-5 if want.dtype in (torch.float32, torch.float64) else 2e-2
-    scale = 1.0 + want.float().abs().max().item()
-    return got.shape == want.shape and bool((got.float() - want.float()).abs().max().item() <= tolerance * scale)
 
 
 def _norm_forward(module: torch.nn.Module, original: Callable, ops: FusedOps) -> Callable:
@@ -475,16 +377,9 @@ def _swap_forwards(
     return swapped
 
 
-def _modeling_module(model: torch.nn.Module):
-    """The Python module of the model's attention class: where its family's `apply_rotary_pos_emb` lives."""
-    attention = next((m for m in model.modules() if hasattr(m, "q_proj") and hasattr(m, "k_proj")), None)
-    return sys.modules.get(type(attention).__module__) if attention is not None else None
-
-
 def _fuse_rope(model: torch.nn.Module, ops: FusedOps, report: FusionReport) -> None:
-    config = model.config.get_text_config()
-    modeling = _modeling_module(model)
-    original = getattr(modeling, "apply_rotary_pos_emb", None)
+    shape = hf.ModelShape.of(model)
+    original = hf.rotary_function(model)
     if original is None:
         report.kept.append("rotary (no apply_rotary_pos_emb)")
         return
@@ -492,9 +387,7 @@ def _fuse_rope(model: torch.nn.Module, ops: FusedOps, report: FusionReport) -> N
         report.rope = True
         return
     original = getattr(original, "__wrapped__", original)
-    heads = config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    heads, kv_heads, dim = shape.heads, shape.kv_heads, shape.head_dim
     like = next(model.parameters())
     q, k = _probe((1, heads, PROBE_ROWS, dim), like), _probe((1, kv_heads, PROBE_ROWS, dim), like) * 0.5
     angles = _probe((1, PROBE_ROWS, dim // 2), like).float()
@@ -512,7 +405,7 @@ def _fuse_rope(model: torch.nn.Module, ops: FusedOps, report: FusionReport) -> N
 
     rope.__wrapped__ = original
     setattr(rope, _WRAPPED, ops.name)
-    modeling.apply_rotary_pos_emb = rope
+    hf.set_rotary_function(model, rope)
     report.rope = True
 
 
@@ -540,7 +433,6 @@ def fuse(model: torch.nn.Module, ops: FusedOps) -> FusionReport:
 
 def unfuse_rope(model: torch.nn.Module) -> None:
     """Restore the original rotary function of the model's family (tests)."""
-    modeling = _modeling_module(model)
-    current = getattr(modeling, "apply_rotary_pos_emb", None)
+    current = hf.rotary_function(model)
     if current is not None and hasattr(current, "__wrapped__"):
-        modeling.apply_rotary_pos_emb = current.__wrapped__
+        hf.set_rotary_function(model, current.__wrapped__)

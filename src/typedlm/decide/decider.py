@@ -4,94 +4,55 @@
     response = decider.decide("I was charged twice.", {"billing": NoulQuestion("Is this about billing?")})
     response.to_wire()                            # the /v1/systemone response body
 
+Public API: `load`, `decide`, `respond` (wire body in, wire body out), `read` (the raw label masses of every
+read, from one forward) and `answer` (one question's answer from its reads under a calibration method), which
+evaluation and calibration fitting use; `stats`; `name`, `fingerprint`, `features`.
+
 Request path (each step names the module that does it):
 1. every read of every question: the question itself, and for choice/score with `order_reads` k > 1
-   k rotations of its option order (more suffixes, same pass); labels verified at load   (labels)
-2. prompt text → shared prefix ids + one suffix per read                               (prompt)
+   k rotations of its option order (more suffixes, same pass); labels verified at load   (reads, text.labels)
+2. prompt text → shared prefix ids + one suffix per read                               (text.prompt)
 3. limits, checked on token counts before any model work                               (here)
 4. the state's new tokens over the longest cached prefix (system prompt, earlier documents), and
-5. every suffix and label tree packed after them, in ONE forward; read the label mass   (engine, packing)
+5. every suffix and label tree packed after them, in ONE forward; read the label mass   (runtime.engine)
 6. for contextual calibration, the same reads over a content-free document, whose prefix is cached at
    load (their masses are remembered per suffix, so repeated questions cost nothing)   (here)
-7. calibrate each read, average the reads, confidence, wire shape          (calibration, confidence, answers)
+7. calibrate each read, average the reads; the question type builds its answer         (calibration, core)
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from typedlm.answers import Answer, ChoiceAnswer, NoulAnswer, Response, ScoreAnswer, Usage
-from typedlm.calibration import DEFAULT_CALIBRATION, CalibrationFile, calibrate_read, combine, signature
-from typedlm.confidence import choice_confidence, raw_mass, score_confidence
-from typedlm.engine import Engine
-from typedlm.errors import InvalidRequest, LimitExceeded
-from typedlm.labels import Labeler, LabelSet
-from typedlm.models import LoadedModel, load_model, model_fingerprint
-from typedlm.packing import PackedItem
-from typedlm.prefix_cache import PrefixCache
-from typedlm.prompt import PROMPT_VERSION, ChatLayout
-from typedlm.questions import (
+from typedlm.core.answers import Answer, Response, Usage
+from typedlm.core.confidence import raw_mass
+from typedlm.core.errors import InvalidRequest, LimitExceeded
+from typedlm.core.options import EngineOptions
+from typedlm.core.questions import (
     CALIBRATION_METHODS,
     MAX_LEVELS,
     MAX_OPTIONS,
     MAX_ORDER_READS,
-    ChoiceQuestion,
     NoulQuestion,
     Question,
-    ScoreQuestion,
     Text,
-    parse_questions,
     parse_request,
-    parse_state,
 )
+from typedlm.decide.calibration import DEFAULT_CALIBRATION, CalibrationFile, calibrate_read, combine, signature
+from typedlm.decide.reads import Reading, Reads, rotations, unrotate
+from typedlm.runtime.engine import Engine
+from typedlm.runtime.features import Features
+from typedlm.runtime.models import LoadedModel, load_model, model_fingerprint
+from typedlm.runtime.packing import PackedItem
+from typedlm.runtime.prefix_cache import PrefixCache
+from typedlm.text.labels import Labeler
+from typedlm.text.prompt import PROMPT_VERSION, ChatLayout
 
 CONTENT_FREE_STATE = "N/A"  # the document contextual calibration reads the label prior from
 PRIOR_CACHE_ENTRIES = 4096  # content-free masses remembered, per suffix text
-
-
-@dataclass(frozen=True)
-class Reads:
-    """Every read of one question, each mapped back to the question's own option order."""
-
-    kind: str  # "noul", "choice" or "score"
-    masses: list[list[float]]  # [reads][options]
-    priors: list[list[float]] | None = None  # the same reads on the content-free document
-
-
-def kind_of(question: Question) -> str:
-    if isinstance(question, NoulQuestion):
-        return "noul"
-    return "choice" if isinstance(question, ChoiceQuestion) else "score"
-
-
-def rotations(question: Question, k: int) -> list[tuple[Question, list[int]]]:
-    """Up to k versions of the question with its options rotated, evenly spaced, each with `order`:
-    position j of that version shows option order[j]. Noul questions have one version."""
-    if isinstance(question, NoulQuestion):
-        return [(question, [0, 1])]
-    n = len(question.options) if isinstance(question, ChoiceQuestion) else len(question.levels)
-    versions, reads = [], min(k, n)
-    for shift in sorted({round(r * n / reads) % n for r in range(reads)}):
-        order = [(j + shift) % n for j in range(n)]
-        if isinstance(question, ChoiceQuestion):
-            versions.append((ChoiceQuestion(tuple(question.options[i] for i in order), question.instructions), order))
-        else:
-            versions.append((ScoreQuestion(tuple(question.levels[i] for i in order), question.instructions), order))
-    return versions
-
-
-def _unrotate(masses: list[float], order: list[int]) -> list[float]:
-    if order[0] == 0:  # the orders are rotations: the one that starts with option 0 is the request's own
-        return masses
-    original = [0.0] * len(order)
-    for position, option in enumerate(order):
-        original[option] = masses[position]
-    return original
-
-
 DEFAULT_PREFIX_CACHE_BYTES = 1 << 30
 
 
@@ -101,21 +62,25 @@ class Decider:
     def __init__(
         self,
         loaded: LoadedModel,
+        *,
+        engine: EngineOptions | None = None,
         max_input_tokens: int | None = None,
         prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
-        cuda_graphs: bool | None = None,
         calibration: str = DEFAULT_CALIBRATION,
-        calibration_file: CalibrationFile | None = None,
+        calibration_file: CalibrationFile | str | Path | None = None,
         order_reads: int = 1,
-        fused_kernels: bool | None = None,
-        attention_kernel: bool | None = None,
     ):
+        """Prepare a loaded model. `engine`: the feature switches (see `typedlm.core.options`);
+        `max_input_tokens`: tokens per request (None: the model's context); `prefix_cache_bytes`: memory for
+        documents kept across requests (0: only the system prompt); `calibration`: the default method (see
+        `typedlm.decide.calibration`); `calibration_file`: a file fitted by `typedlm calibrate` for this model
+        (or its path); `order_reads`: the default number of option orders read per choice/score question."""
+        if isinstance(calibration_file, (str, Path)):
+            calibration_file = CalibrationFile.load(calibration_file)
         self.name = loaded.name
         self.fingerprint = model_fingerprint(loaded.model)
         self.tokenizer = loaded.tokenizer
-        self.engine = Engine(
-            loaded.model, static=cuda_graphs, fused_kernels=fused_kernels, attention_kernel=attention_kernel
-        )
+        self.engine = Engine(loaded.model, engine)
         self.layout = ChatLayout(loaded.tokenizer)
         self.labeler = Labeler(loaded.tokenizer, self.layout.answer_opening)
         self.labeler.verify(MAX_OPTIONS, MAX_LEVELS)
@@ -127,7 +92,7 @@ class Decider:
         self.prefix_cache.pin(self.layout.system_ids, Engine.snapshot(cache, length))
         # Calibration: the request's method or this default; a fitted file must match this model and prompt.
         if calibration_file is not None:
-            calibration_file.check(self.fingerprint, PROMPT_VERSION)
+            self.check_calibration(calibration_file)
         self.calibration_file = calibration_file
         self.calibration = self._method(calibration, "--calibration")
         if not 1 <= order_reads <= MAX_ORDER_READS:
@@ -140,32 +105,22 @@ class Decider:
         self._priors: OrderedDict[str, list[float]] = OrderedDict()  # suffix text -> content-free masses
 
     @classmethod
-    def load(
-        cls,
-        model: str | None = None,
-        device: str = "cpu",
-        dtype: str | None = None,
-        max_input_tokens: int | None = None,
-        prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
-        cuda_graphs: bool | None = None,
-        calibration: str = DEFAULT_CALIBRATION,
-        calibration_file: str | None = None,
-        order_reads: int = 1,
-        fused_kernels: bool | None = None,
-    ) -> Decider:
-        """Load a model (None: the embedded default) and prepare it; see `typedlm.models.load_model`.
+    def load(cls, model: str | None = None, device: str = "cpu", dtype: str | None = None, **options: Any) -> Decider:
+        """Load a model (None: the embedded default; see `typedlm.runtime.models.load_model`) and prepare it;
+        `options` are `Decider`'s own (engine, max_input_tokens, prefix_cache_bytes, calibration, ...).
+        A calibration file given by path is read before the model loads, so a bad file fails fast."""
+        if isinstance(options.get("calibration_file"), (str, Path)):
+            options["calibration_file"] = CalibrationFile.load(options["calibration_file"])
+        return cls(load_model(model, device, dtype), **options)
 
-        `cuda_graphs` (default: on with CUDA) replays each request's forward as a CUDA graph (see `graphs`);
-        `fused_kernels` (default: on with CUDA where liger-kernel is installed) fuses the layers' small
-        operations (see `kernels`).
-        `calibration` is the default method (see `typedlm.calibration`), `calibration_file` a file fitted by
-        `typedlm calibrate` for this model, `order_reads` the default number of option orders read.
-        """
-        fitted = CalibrationFile.load(calibration_file) if calibration_file else None
-        loaded = load_model(model, device, dtype)
-        return cls(
-            loaded, max_input_tokens, prefix_cache_bytes, cuda_graphs, calibration, fitted, order_reads, fused_kernels
-        )
+    @property
+    def features(self) -> Features:
+        """What the engine runs with on this model and device (CUDA graphs, kernels, attention)."""
+        return self.engine.features
+
+    def check_calibration(self, file: CalibrationFile) -> None:
+        """Raise `ModelError` unless `file` was fitted for this model and prompt."""
+        file.check(self.fingerprint, PROMPT_VERSION)
 
     def _method(self, method: str, where: str = "x_calibration") -> str:
         if method not in CALIBRATION_METHODS:
@@ -177,13 +132,6 @@ class Decider:
                 (where,),
             )
         return method
-
-    def labels_for(self, question: Question) -> LabelSet:
-        if isinstance(question, NoulQuestion):
-            return self.labeler.noul()
-        if isinstance(question, ChoiceQuestion):
-            return self.labeler.choice(len(question.options))
-        return self.labeler.score(len(question.levels))
 
     def _check_limits(self, prefix_len: int, items: list[PackedItem], qids: list[str]) -> None:
         context = self.engine.max_positions
@@ -205,8 +153,9 @@ class Decider:
 
     def read(
         self, state: Text, questions: Mapping[str, Question], order_reads: int = 1, contextual: bool = False
-    ) -> tuple[dict[str, Reads], int]:
-        """The raw label masses of every read of every question, from one packed forward pass.
+    ) -> Reading:
+        """The raw label masses of every read of every question, from one packed forward pass; with
+        `contextual`, each read's masses on the content-free document too (its `priors`).
 
         Returns the reads keyed like `questions` and the number of tokens run through the model.
         Raises:
@@ -217,7 +166,9 @@ class Decider:
         versions = {q: rotations(questions[q], order_reads) for q in qids}
         flat = [(q, version, order) for q in qids for version, order in versions[q]]
         prompt = self.layout.tokenize(state, [version for _, version, _ in flat])
-        items = [PackedItem(ids, self.labels_for(version)) for (_, version, _), ids in zip(flat, prompt.suffix_ids)]
+        items = [
+            PackedItem(ids, self.labeler.for_question(version)) for (_, version, _), ids in zip(flat, prompt.suffix_ids)
+        ]
         # 3. limits
         self._check_limits(len(prompt.prefix_ids), items, [q for q, _, _ in flat])
         # 4-5. the state on top of the longest cached prefix, every read packed after it, in one forward
@@ -232,12 +183,11 @@ class Decider:
         priors = self._content_free(flat) if contextual else None
         reads: dict[str, Reads] = {}
         for i, (q, _, order) in enumerate(flat):
-            kind = kind_of(questions[q])
-            entry = reads.setdefault(q, Reads(kind, [], [] if priors else None))
-            entry.masses.append(_unrotate(masses[i], order))
+            entry = reads.setdefault(q, Reads(questions[q].kind, [], [] if priors else None))
+            entry.masses.append(unrotate(masses[i], order))
             if priors:
-                entry.priors.append(_unrotate(priors[i], order))
-        return reads, processed
+                entry.priors.append(unrotate(priors[i], order))
+        return Reading(reads, processed)
 
     def _content_free(self, flat: list[tuple[str, Question, list[int]]]) -> list[list[float]]:
         """Masses of each read's question on the content-free document, remembered per suffix text (the
@@ -250,7 +200,8 @@ class Decider:
             prompt = self.layout.tokenize(CONTENT_FREE_STATE, [versions[i] for i in missing.values()])
             base = self.prefix_cache.lookup(prompt.prefix_ids)
             items = [
-                PackedItem(ids, self.labels_for(versions[i])) for ids, i in zip(prompt.suffix_ids, missing.values())
+                PackedItem(ids, self.labeler.for_question(versions[i]))
+                for ids, i in zip(prompt.suffix_ids, missing.values())
             ]
             masses, _ = self.engine.run(prompt.prefix_ids[base.length :], items, base, keep_prefix=False)
             for text, m in zip(missing, masses):
@@ -275,13 +226,7 @@ class Decider:
             probs, stderr, agreement = combine(each)
             mass = sum(map(raw_mass, reads.masses)) / len(reads.masses)
             extras = {"stderr": stderr, "agreement": agreement, "reads": len(each)}
-        if isinstance(question, NoulQuestion):
-            return NoulAnswer(probs[0], mass, extras)
-        if isinstance(question, ChoiceQuestion):
-            by_name = {name: p for (name, _), p in zip(question.options, probs)}
-            return ChoiceAnswer(by_name, choice_confidence(probs), mass, extras)
-        assert isinstance(question, ScoreQuestion)
-        return ScoreAnswer(tuple(probs), question.levels, score_confidence(probs), mass, extras)
+        return question.answer(probs, mass, extras)
 
     def decide(
         self,
@@ -301,12 +246,12 @@ class Decider:
         """
         method = self._method(calibration) if calibration else self.calibration
         k = order_reads or self.order_reads
-        reads, processed = self.read(state, questions, k, contextual=self.needs_prior(method))
-        answers = {q: self.answer(questions[q], reads[q], method) for q in questions}
+        reading = self.read(state, questions, k, contextual=self.needs_prior(method))
+        answers = {q: self.answer(questions[q], reading.reads[q], method) for q in questions}
         extras: dict[str, Any] = {"calibration": method}
         if k > 1:
             extras["order_reads"] = k
-        return Response(self.name, answers, Usage(processed), extras)
+        return Response(self.name, answers, Usage(reading.input_tokens), extras)
 
     def needs_prior(self, method: str) -> bool:
         """Whether `method` reads the content-free priors."""
@@ -316,10 +261,6 @@ class Decider:
     def stats(self) -> dict[str, dict[str, int]]:
         """Counters for monitoring: the prefix cache's hits, misses, entries and bytes."""
         return {"prefix_cache": self.prefix_cache.stats()}
-
-    def decide_wire(self, state: Any, questions: Any) -> Response:
-        """Like `decide`, from JSON values: validates them first (raises `InvalidRequest`)."""
-        return self.decide(parse_state(state), parse_questions(questions))
 
     def respond(self, body: Any) -> dict[str, Any]:
         """A whole `/v1/systemone` request body → the response body."""

@@ -9,30 +9,56 @@ objects or arrays; prompt rendering decides how they read.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
-from typedlm.errors import InvalidRequest
+from typedlm.core.answers import ChoiceAnswer, NoulAnswer, ScoreAnswer
+from typedlm.core.confidence import choice_confidence, score_confidence
+from typedlm.core.errors import InvalidRequest
 
 MIN_OPTIONS = 2
 MAX_OPTIONS = 255
 MIN_LEVELS = 2
 MAX_LEVELS = 10
-QUESTION_TYPES = ("noul", "choice", "score")
-CALIBRATION_METHODS = ("raw", "contextual", "fitted")  # see typedlm.calibration
+QUESTION_TYPES = ("noul", "choice", "score")  # the `kind` of each question class below
+CALIBRATION_METHODS = ("raw", "contextual", "fitted")  # see typedlm.decide.calibration
 MAX_ORDER_READS = 8  # option orders read per choice/score question (x_order_reads)
 
 Text = str | dict | list  # JSON text: a string, or an object/array rendered as JSON
+YES, NO = 0, 1  # a noul question's answers, in the order of its probabilities everywhere: [p_yes, p_no]
+
+# Every question type has the same small interface, so no caller asks which type it holds:
+#   kind                 "noul", "choice" or "score" (its wire name)
+#   size                 how many answers it has (its probabilities' length)
+#   reorderable          whether its answers may be shown in another order (`reordered`)
+#   answer(probs, ...)   its typed answer from probabilities in its own answer order
+#   gold_index(gold)     a labeled gold answer as an index into those probabilities (ValueError if invalid)
+#   wire_probabilities   a wire answer's probabilities in that order
 
 
 @dataclass(frozen=True)
 class NoulQuestion:
-    """A yes/no question; `true`/`false` say what counts as yes and as no."""
+    """A yes/no question; `true`/`false` say what counts as yes and as no. Answers: [yes, no]."""
 
     instructions: Text | None = None
     true: Text | None = None
     false: Text | None = None
+
+    kind: ClassVar[str] = "noul"
+    size: ClassVar[int] = 2
+    reorderable: ClassVar[bool] = False  # the prompt asks "yes or no"
+
+    def answer(self, probs: Sequence[float], raw_mass: float, extras: dict[str, Any]) -> NoulAnswer:
+        return NoulAnswer(probs[YES], raw_mass, extras)
+
+    def gold_index(self, gold: Any) -> int:
+        if not isinstance(gold, bool):
+            raise ValueError("true or false")
+        return YES if gold else NO
+
+    def wire_probabilities(self, answer: Mapping[str, Any]) -> tuple[float, ...]:
+        return (answer["noul"], 1 - answer["noul"])
 
 
 @dataclass(frozen=True)
@@ -42,6 +68,30 @@ class ChoiceQuestion:
     options: tuple[tuple[str, Text | None], ...]
     instructions: Text | None = None
 
+    kind: ClassVar[str] = "choice"
+    reorderable: ClassVar[bool] = True
+
+    @property
+    def size(self) -> int:
+        return len(self.options)
+
+    def reordered(self, order: Sequence[int]) -> ChoiceQuestion:
+        """The same question with option `order[j]` shown in position j."""
+        return ChoiceQuestion(tuple(self.options[i] for i in order), self.instructions)
+
+    def answer(self, probs: Sequence[float], raw_mass: float, extras: dict[str, Any]) -> ChoiceAnswer:
+        by_name = {name: p for (name, _), p in zip(self.options, probs)}
+        return ChoiceAnswer(by_name, choice_confidence(probs), raw_mass, extras)
+
+    def gold_index(self, gold: Any) -> int:
+        names = [name for name, _ in self.options]
+        if not isinstance(gold, str) or gold not in names:
+            raise ValueError(f"one of {names}")
+        return names.index(gold)
+
+    def wire_probabilities(self, answer: Mapping[str, Any]) -> tuple[float, ...]:
+        return tuple(answer["probabilities"][name] for name, _ in self.options)
+
 
 @dataclass(frozen=True)
 class ScoreQuestion:
@@ -49,6 +99,28 @@ class ScoreQuestion:
 
     levels: tuple[Text, ...]
     instructions: Text | None = None
+
+    kind: ClassVar[str] = "score"
+    reorderable: ClassVar[bool] = True
+
+    @property
+    def size(self) -> int:
+        return len(self.levels)
+
+    def reordered(self, order: Sequence[int]) -> ScoreQuestion:
+        """The same question with level `order[j]`'s description shown as level j."""
+        return ScoreQuestion(tuple(self.levels[i] for i in order), self.instructions)
+
+    def answer(self, probs: Sequence[float], raw_mass: float, extras: dict[str, Any]) -> ScoreAnswer:
+        return ScoreAnswer(tuple(probs), self.levels, score_confidence(probs), raw_mass, extras)
+
+    def gold_index(self, gold: Any) -> int:
+        if type(gold) is not int or not 0 <= gold < len(self.levels):
+            raise ValueError(f"a level index 0..{len(self.levels) - 1}")
+        return gold
+
+    def wire_probabilities(self, answer: Mapping[str, Any]) -> tuple[float, ...]:
+        return tuple(answer["probabilities"][str(i)] for i in range(len(self.levels)))
 
 
 Question = NoulQuestion | ChoiceQuestion | ScoreQuestion

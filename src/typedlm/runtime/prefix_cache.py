@@ -16,12 +16,8 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from typedlm.engine import PrefixKV
-from typedlm.prompt import common_prefix_length
-
-
-def _nbytes(kv: PrefixKV) -> int:
-    return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in kv.layers)
+from typedlm.runtime.kv import PrefixKV
+from typedlm.text.prompt import common_prefix_length
 
 
 @dataclass
@@ -82,7 +78,7 @@ class PrefixCache:
     def insert(self, ids: Sequence[int], kv: PrefixKV) -> None:
         """Keep `kv` (the keys/values of exactly `ids`), evicting least recently used entries over budget."""
         assert len(ids) == kv.length, "ids and keys/values must cover the same tokens"
-        size = _nbytes(kv)
+        size = kv.nbytes
         key = tuple(ids)
         with self._lock:
             if size > self.max_bytes or key in self._entries or key in self._pinned:

@@ -19,8 +19,9 @@ CUDA graph and replayed (see `graphs`): rows are padded to buckets, the lengths 
 tensors, and the keys/values go to a preallocated buffer instead of a growing cache. With `StaticPlan.kernel`
 the whole cascade of a layer runs as `cascade_kernel`'s one Triton launch instead (CUDA, 16-bit models).
 
-It is registered as the attention implementation "typedlm_cascade"; a forward without a `typedlm_plan`
-keyword, and sliding-window layers, fall through to transformers' SDPA with the masks they were given.
+`cascade(layer, query, key, value, plan, scaling)` is the entry point; `typedlm.runtime.hf` registers it with
+transformers as an attention implementation (a forward without a plan, and sliding-window layers, fall through
+to transformers' SDPA there). This module is plain torch: it knows no model and no transformers.
 """
 
 from __future__ import annotations
@@ -28,11 +29,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from transformers import AttentionInterface
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
-IMPLEMENTATION = "typedlm_cascade"
 
 
 @dataclass(frozen=True)
@@ -93,7 +89,7 @@ class StaticPlan:
 def kernel_available() -> bool:
     """Whether `cascade_kernel` (Triton) can be imported here."""
     try:
-        from typedlm import cascade_kernel  # noqa: F401
+        from typedlm.ops import cascade_kernel  # noqa: F401
     except ImportError:
         return False
     return True
@@ -112,7 +108,7 @@ def kernel_agrees(heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, 
     compares every real row with plain float32 attention under the explicit mask. False where Triton cannot
     compile or launch it for this device (too little shared memory, an unsupported dtype) or it disagrees.
     """
-    from typedlm import cascade_kernel
+    from typedlm.ops import cascade_kernel
 
     p, t, doc_rows, width, packed_rows = (_PROBE[k] for k in ("p", "t", "doc_rows", "width", "packed_rows"))
     questions = _PROBE["questions"]
@@ -273,13 +269,13 @@ def attend_ranges(
     return out.to(q.dtype), lse.transpose(0, 1)
 
 
-def _static_cascade(module: torch.nn.Module, query, key, value, plan: StaticPlan, scale: float) -> torch.Tensor:
+def _static_cascade(layer: int, query, key, value, plan: StaticPlan, scale: float) -> torch.Tensor:
     """query: [1, H, R, D]; key/value: [1, Hkv, R, D], this forward's rows only. Returns [1, R, H, D]."""
-    kbuf, vbuf = plan.kv[module.layer_idx, 0], plan.kv[module.layer_idx, 1]  # [C, Hkv, D]
+    kbuf, vbuf = plan.kv[layer, 0], plan.kv[layer, 1]  # [C, Hkv, D]
     q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # [R, H|Hkv, D]
     tb, heads, dim = plan.doc_rows, q.shape[1], q.shape[2]
     if plan.kernel:  # every row in one launch, which also stores the document rows' keys and values
-        from typedlm import cascade_kernel
+        from typedlm.ops import cascade_kernel
 
         out = cascade_kernel.cascade_attention(q, k, v, kbuf, vbuf, plan.cu, plan.row_slot, plan.own_mask, tb, scale)
         return out[None]
@@ -308,26 +304,18 @@ def _static_cascade(module: torch.nn.Module, query, key, value, plan: StaticPlan
     return (parts[0] if len(parts) == 1 else torch.cat(parts))[None]
 
 
-def cascade_attention(
-    module: torch.nn.Module,
+def cascade(
+    layer: int,
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    dropout: float = 0.0,
+    plan: CascadePlan | StaticPlan,
     scaling: float | None = None,
-    typedlm_plan: CascadePlan | None = None,
-    sliding_window: int | None = None,
-    **kwargs,
-) -> tuple[torch.Tensor, None]:
-    """query: [1, H, N, D]; key/value: [1, Hkv, P + N, D] (the cache already holds the new rows)."""
-    if typedlm_plan is None or sliding_window is not None:
-        return sdpa_attention_forward(
-            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
-        )
-    plan = typedlm_plan
+) -> torch.Tensor:
+    """Layer `layer`'s attention under `plan`. Dynamic plan: query [1, H, N, D], key/value [1, Hkv, P + N, D] (the
+    cache already holds the new rows). Static plan: key/value hold this forward's rows only. Returns [1, N, H, D]."""
     if isinstance(plan, StaticPlan):
-        return _static_cascade(module, query, key, value, plan, scaling or query.shape[-1] ** -0.5), None
+        return _static_cascade(layer, query, key, value, plan, scaling or query.shape[-1] ** -0.5)
     heads, rows, dim = query.shape[1], query.shape[2], query.shape[3]
     scale = scaling if scaling is not None else dim**-0.5
     p, t = plan.prefix_len, plan.state_rows
@@ -355,8 +343,4 @@ def cascade_attention(
             out = _merge(out, lse, out_s[0], lse_s[0])
         parts.append(out)  # [H, N, D]
     out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
-    return out.transpose(0, 1)[None].contiguous(), None  # [1, rows, H, D]
-
-
-AttentionInterface.register(IMPLEMENTATION, cascade_attention)
-AttentionMaskInterface.register(IMPLEMENTATION, sdpa_mask)
+    return out.transpose(0, 1)[None].contiguous()  # [1, rows, H, D]

@@ -1,9 +1,9 @@
 """Evaluation metrics for scored typed answers: accuracy, calibration, proper scores, coverage.
 
 Input is one `Prediction` per (example, question): the probabilities over the question's classes
-(noul: (p_no, p_yes), so class 1 = yes), the index of the true class, and the raw mass the model put
-on any answer token before normalisation. `summarize` returns, for "overall" and for each kind
-present ("noul", "choice", "score"), a dict of plain floats/ints/None (JSON-serialisable):
+(noul: (p_yes, p_no), so class 0 = yes, as `typedlm.core.questions.YES`), the index of the true class,
+and the raw mass the model put on any answer token before normalisation. `summarize` returns, for "overall"
+and for each kind present ("noul", "choice", "score"), a dict of plain floats/ints/None (JSON-serialisable):
 
 - accuracy: argmax == gold; ties go to the lowest index (numpy's argmax).
 - confidence: the top-label probability max_k p_k (also for noul, so it lies in [0.5, 1]).
@@ -42,8 +42,8 @@ NLL_FLOOR = 1e-12
 @dataclass(frozen=True)
 class Prediction:
     kind: str  # "noul" | "choice" | "score"
-    probabilities: tuple[float, ...]  # over the classes; noul: (p_no, p_yes)
-    gold: int  # index of the true class (noul: 1 = yes)
+    probabilities: tuple[float, ...]  # over the classes; noul: (p_yes, p_no)
+    gold: int  # index of the true class (noul: 0 = yes)
     raw_mass: float  # mass on any answer token before normalisation
 
 

@@ -1,0 +1,50 @@
+"""Reads: one readout of the label masses of one version of a question. A question is read once, or, with order
+reads k > 1, k times with its options rotated (more suffixes in the same forward), each read mapped back to the
+question's own option order before it is calibrated and the reads are averaged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from typedlm.core.questions import Question
+
+
+@dataclass(frozen=True)
+class Reads:
+    """Every read of one question, each in the question's own option order."""
+
+    kind: str  # "noul", "choice" or "score"
+    masses: list[list[float]]  # [reads][options]
+    priors: list[list[float]] | None = None  # the same reads on the content-free document
+
+
+@dataclass(frozen=True)
+class Reading:
+    """The reads of every question of one request (keyed like its questions) and the tokens run for them."""
+
+    reads: dict[str, Reads]
+    input_tokens: int
+
+
+def rotations(question: Question, k: int) -> list[tuple[Question, list[int]]]:
+    """Up to k versions of the question with its options rotated, evenly spaced, each with `order`:
+    position j of that version shows option order[j]. A question whose answers keep their order has one."""
+    n = question.size
+    if not question.reorderable:
+        return [(question, list(range(n)))]
+    versions, reads = [], min(k, n)
+    for shift in sorted({round(r * n / reads) % n for r in range(reads)}):
+        order = [(j + shift) % n for j in range(n)]
+        versions.append((question.reordered(order), order))
+    return versions
+
+
+def unrotate(masses: list[float], order: list[int]) -> list[float]:
+    """A read's masses, shown in `order`, back in the question's own option order."""
+    if order[0] == 0:  # the orders are rotations: the one that starts with option 0 is the request's own
+        return masses
+    original = [0.0] * len(order)
+    for position, option in enumerate(order):
+        original[option] = masses[position]
+    return original

@@ -1,0 +1,129 @@
+"""Fitting calibration files on labeled training data (`typedlm calibrate`): one forward per example through a
+decider, then per question type Platt scaling (noul) or a temperature (choice, score), and per question asked
+at least `MIN_QUESTION_EXAMPLES` times its own Platt scaling, or a temperature and a bias per option.
+
+What the parameters mean, and how a decider applies them, is `typedlm.decide.calibration`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from typedlm.core.questions import YES, parse_questions, parse_state
+from typedlm.decide.calibration import FLOOR, CalibrationFile, calibrate_read, signature, tempered
+from typedlm.offline.evaldata import Example
+from typedlm.text.prompt import PROMPT_VERSION
+
+MIN_QUESTION_EXAMPLES = 30  # training answers a question needs for parameters of its own
+BIAS_PENALTY = 1e-3  # L2 on per-option biases: an option never right in training is not pushed to −∞
+
+
+def _nll(probs: np.ndarray, gold: np.ndarray) -> float:
+    return float(-np.log(np.maximum(probs[np.arange(len(gold)), gold], FLOOR)).mean())
+
+
+def fit_temperature(probs: Sequence[np.ndarray], gold: Sequence[int]) -> float:
+    """The temperature minimising the NLL of `gold` under p ∝ p^(1/T) (rows may differ in length)."""
+    from scipy.optimize import minimize_scalar
+
+    def loss(log_t: float) -> float:
+        t = math.exp(log_t)
+        return float(np.mean([-math.log(max(tempered(p, t)[g], FLOOR)) for p, g in zip(probs, gold, strict=True)]))
+
+    return float(math.exp(minimize_scalar(loss, bounds=(-4.0, 4.0), method="bounded").x))
+
+
+def fit_scaling(probs: Sequence[np.ndarray], gold: Sequence[int]) -> tuple[float, list[float]]:
+    """(T, biases) minimising the NLL of `gold` under p ∝ p^(1/T)·e^(b) for one question (fixed option count);
+    the first bias is 0, the others are lightly penalised (`BIAS_PENALTY`)."""
+    from scipy.optimize import minimize
+
+    logp = np.log(np.maximum(np.stack(probs), FLOOR))  # [N, n]
+    gold = np.asarray(gold)
+
+    def loss(x: np.ndarray) -> float:
+        logits = logp / math.exp(x[0]) + np.concatenate([[0.0], x[1:]])
+        lse = np.logaddexp.reduce(logits, axis=1)
+        return float((lse - logits[np.arange(len(gold)), gold]).mean() + BIAS_PENALTY * (x[1:] ** 2).sum())
+
+    result = minimize(
+        loss, np.zeros(logp.shape[1]), method="L-BFGS-B", bounds=[(-4, 4)] + [(-10, 10)] * (logp.shape[1] - 1)
+    )
+    return float(math.exp(result.x[0])), [0.0, *map(float, result.x[1:])]
+
+
+def fit_platt(probs: Sequence[np.ndarray], gold_yes: Sequence[bool]) -> tuple[float, float]:
+    """(a, b) minimising the NLL of σ(a·z + b), z = log(p_yes/p_no): logistic regression on one feature.
+
+    a is kept ≥ 0: calibration may flatten the model's evidence but never reverse it (data that mixes
+    questions with opposite biases can otherwise fit a negative slope that would flip every answer).
+    """
+    from scipy.optimize import minimize
+
+    z = np.array([math.log(max(p[0], FLOOR)) - math.log(max(p[1], FLOOR)) for p in probs])
+    y = np.asarray(gold_yes, dtype=np.float64)
+
+    def loss(ab: np.ndarray) -> float:
+        s = ab[0] * z + ab[1]
+        return float(np.mean(np.logaddexp(0, -s) * y + np.logaddexp(0, s) * (1 - y)))
+
+    result = minimize(loss, np.array([1.0, 0.0]), method="L-BFGS-B", bounds=[(0.0, 100.0), (-50.0, 50.0)])
+    return float(result.x[0]), float(result.x[1])
+
+
+def fit_calibrations(
+    decider,
+    examples: Iterable[Example],
+    bases: Sequence[str] = ("raw",),
+    data: Mapping[str, Any] | None = None,
+    progress=None,
+) -> dict[str, CalibrationFile]:
+    """Fit calibration files on `examples`, one per base method, from one forward per example.
+
+    Per question type: Platt scaling (noul) or a temperature (choice, score). Per question asked at least
+    `MIN_QUESTION_EXAMPLES` times: Platt scaling, or a temperature and a bias per option.
+    """
+    progress = progress or (lambda it: it)
+    # one row per answer: (kind, question signature, probabilities under each base, gold class)
+    rows: list[tuple[str, str, dict[str, Any], int]] = []
+    for example in progress(list(examples)):
+        questions = parse_questions(example.questions)
+        reading = decider.read(parse_state(example.state), questions, 1, contextual="contextual" in bases)
+        for qid, question in questions.items():
+            r = reading.reads[qid]
+            prior = r.priors[0] if r.priors else None
+            by_base = {base: calibrate_read(r.kind, r.masses[0], base, prior) for base in bases}
+            rows.append((r.kind, signature(question), by_base, question.gold_index(example.gold[qid])))
+    files = {}
+    for base in bases:
+        params = {}
+        for kind in ("noul", "choice", "score"):
+            mine = [(row[2][base], row[3]) for row in rows if row[0] == kind]
+            if mine:
+                params[kind] = _fit(kind, *zip(*mine, strict=True), per_question=False)
+        per_question = {}
+        for key in dict.fromkeys(row[1] for row in rows):
+            mine = [row for row in rows if row[1] == key]
+            if len(mine) >= MIN_QUESTION_EXAMPLES:
+                fit = _fit(mine[0][0], [row[2][base] for row in mine], [row[3] for row in mine], per_question=True)
+                per_question[key] = {"kind": mine[0][0], "n": len(mine), **fit}
+        counts = {kind: sum(row[0] == kind for row in rows) for kind in ("noul", "choice", "score")}
+        info = {**(data or {}), "answers": {k: n for k, n in counts.items() if n}}
+        files[base] = CalibrationFile(
+            decider.name, decider.fingerprint, PROMPT_VERSION, base, params, info, per_question
+        )
+    return files
+
+
+def _fit(kind: str, probs: Sequence, gold: Sequence[int], per_question: bool) -> dict[str, Any]:
+    if kind == "noul":
+        a, b = fit_platt(probs, [g == YES for g in gold])
+        return {"a": a, "b": b}
+    if per_question:
+        temperature, bias = fit_scaling(probs, gold)
+        return {"temperature": temperature, "bias": bias}
+    return {"temperature": fit_temperature(probs, gold)}

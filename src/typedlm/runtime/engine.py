@@ -1,0 +1,94 @@
+"""The engine: token ids in, answer-group probability mass out. Never handles strings.
+
+    engine = Engine(model, EngineOptions())
+    cache, length = engine.prefill(system_ids)                    # the model body only, no LM head
+    masses, prefix = engine.run(document_ids, items, base)        # every question of a request
+
+At load the engine reads the model's shape through `hf` (the adapter over transformers' internals), resolves
+its feature switches once (`features.prepare`: cascade attention, fused kernels, CUDA graphs, the attention
+kernel) and picks one forward strategy (`forwards`): two forwards (sliding windows), one eager forward, or one
+static forward replayed as a CUDA graph. Only read rows go through the LM head, in float32 (`head`).
+
+Memory grows as O(P + Q·S): the prefix keys/values exist once, never copied per question. Caches are
+per request and never rewound, so no question can see another's tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from typedlm.core.errors import ModelError
+from typedlm.core.options import EngineOptions
+from typedlm.runtime import hf
+from typedlm.runtime.features import Features, prepare
+from typedlm.runtime.forwards import EagerBody, Forward, OneForward, StaticForward, TwoForwards, snapshot
+from typedlm.runtime.graphs import StaticRunner
+from typedlm.runtime.head import LMHead
+from typedlm.runtime.kv import PrefixKV
+from typedlm.runtime.packing import PackedItem
+
+
+class Engine:
+    """Reads answer-group masses from a Hugging Face causal LM; `options` say which features to use (see
+    `typedlm.core.options`), `features` what holds after they were resolved for this model and device."""
+
+    def __init__(self, model: torch.nn.Module, options: EngineOptions | None = None):
+        self.model = model
+        self.shape = hf.ModelShape.of(model)
+        unknown = hf.check_layer_types(self.shape)
+        if unknown:
+            raise ModelError(f"unsupported attention layer types {unknown}")
+        body, head = hf.decoder_and_head(model)
+        self.head = LMHead(head, self.shape.softcap)
+        self.device = self.head.device
+        self.features: Features = prepare(model, options or EngineOptions(), self.shape)
+        eager = EagerBody(body, self.shape, self.features.cascade, hf.takes_additive_masks(model), self.head)
+        self.eager = eager
+        self.forward: Forward
+        if self.features.static:
+            runner = StaticRunner(
+                body,
+                self.head.logprobs,
+                self.shape.no_masks(),
+                self.shape,
+                capture=self.features.capture,
+                attention_kernel=self.features.attention_kernel,
+            )
+            self.forward = StaticForward(runner)
+        elif self.features.one_forward:
+            self.forward = OneForward(eager)
+        else:
+            self.forward = TwoForwards(eager)
+
+    @property
+    def max_positions(self) -> int | None:
+        return self.shape.max_positions
+
+    def prefill(self, ids: Sequence[int] | np.ndarray, base: PrefixKV | None = None):
+        """Run the body over `ids` after `base`; returns the cache and its length. No LM head."""
+        return self.eager.prefill(ids, base)
+
+    def score(self, kv_cache, prefix_len: int, items: Sequence[PackedItem]) -> list[list[float]]:
+        """Every item's group masses from ONE forward over a cache of exactly `prefix_len` tokens (see `forwards`)."""
+        return self.eager.score(kv_cache, prefix_len, items)
+
+    @staticmethod
+    def snapshot(kv_cache, length: int) -> PrefixKV:
+        """The cache's first `length` tokens as an immutable prefix (views: nothing is copied)."""
+        return snapshot(kv_cache, length)
+
+    def run(
+        self,
+        ids: Sequence[int] | np.ndarray,
+        items: Sequence[PackedItem],
+        base: PrefixKV | None = None,
+        keep_prefix: bool = True,
+    ) -> tuple[list[list[float]], PrefixKV | None]:
+        """The document's new tokens `ids` after `base`, and every question: (masses per item, the new prefix).
+
+        The returned prefix holds the keys/values of `base` and `ids`; without `keep_prefix` it is None.
+        """
+        return self.forward.run(ids, items, base, keep_prefix)

@@ -1,0 +1,163 @@
+"""The forward strategies: how a request's document and questions run through the model. One interface,
+`run(ids, items, base, keep_prefix) -> (masses per item, the new prefix or None)`; the engine picks one at load.
+
+- `TwoForwards`: the document's new tokens (`prefill`), then every question packed in a second forward over
+  that cache (`score`). For models whose layers cannot all run the cascade (sliding windows, non-SDPA
+  attention), with explicit masks there;
+- `OneForward`: the document rows first, then the packed rows, in ONE eager forward under cascade attention;
+- `StaticForward`: that one forward with bucketed static shapes, replayed as a CUDA graph on CUDA (`graphs`).
+
+`EagerBody` is what the eager strategies share: the body run with transformers' cache, the cascade's plans,
+and the masks for layers that do not run the cascade. All of them read only the read rows through the head.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from typedlm.ops.attention import CascadePlan
+from typedlm.runtime import hf
+from typedlm.runtime.graphs import StaticRunner
+from typedlm.runtime.head import LMHead, group_masses
+from typedlm.runtime.kv import PrefixKV
+from typedlm.runtime.packing import PackedBatch, PackedItem, pack
+
+Ids = Sequence[int] | np.ndarray
+
+
+class Forward(Protocol):
+    def run(
+        self, ids: Ids, items: Sequence[PackedItem], base: PrefixKV | None, keep_prefix: bool
+    ) -> tuple[list[list[float]], PrefixKV | None]:
+        """The document's new tokens `ids` after `base`, and every question: (masses per item, the new prefix).
+
+        The new prefix holds the keys/values of `base` and `ids`; without `keep_prefix` it is None.
+        """
+        ...
+
+
+def snapshot(kv_cache, length: int) -> PrefixKV:
+    """The cache's first `length` tokens as an immutable prefix (views: nothing is copied)."""
+    return PrefixKV(hf.cache_layers(kv_cache, length), length)
+
+
+class EagerBody:
+    """The model body run eagerly over transformers' cache (see `hf`), with the cascade's plans where it runs."""
+
+    def __init__(self, body: torch.nn.Module, shape: hf.ModelShape, cascade: bool, additive_mask: bool, head: LMHead):
+        self.body, self.shape, self.cascade, self.additive_mask, self.head = body, shape, cascade, additive_mask, head
+        self.device = head.device
+        self.no_masks = shape.no_masks()
+
+    @torch.inference_mode()
+    def prefill(self, ids: Ids, base: PrefixKV | None = None):
+        """Run the body over `ids` after `base`; returns the cache and its length. No LM head."""
+        kv_cache = hf.new_cache(base.layers if base else ())
+        start = base.length if base else 0
+        if len(ids):
+            # input_ids, position_ids: [1, T]
+            input_ids = torch.tensor(np.asarray(ids, dtype=np.int64), device=self.device)[None]  # a copy
+            position_ids = torch.arange(start, start + len(ids), device=self.device)[None]
+            plan = CascadePlan.causal(start, len(ids)) if self.cascade else None
+            hf.run_body(self.body, input_ids, position_ids, kv_cache, plan)
+        return kv_cache, start + len(ids)
+
+    def plan(self, batch: PackedBatch, cached_len: int, state_rows: int = 0) -> CascadePlan:
+        """The cascade's plan: `cached_len` keys already cached, `state_rows` document rows, then the packed rows."""
+        index, valid = batch.segment_index()
+        own_mask = torch.tensor(batch.segment_visibility(), device=self.device)  # copies: the batch's are shared
+        to_device = lambda a: torch.tensor(a, device=self.device)  # noqa: E731
+        return CascadePlan(cached_len, state_rows, to_device(index), to_device(valid), own_mask)
+
+    def masks(self, batch: PackedBatch):
+        """Masks for layers that do not run the cascade (all of them without it; sliding-window layers with it)."""
+        dtype = next(self.body.parameters()).dtype
+
+        def fmt(mask: torch.Tensor) -> torch.Tensor:
+            mask = mask.to(self.device)
+            if not self.additive_mask:
+                return mask
+            return torch.zeros(mask.shape, dtype=dtype, device=self.device).masked_fill(~mask, torch.finfo(dtype).min)
+
+        full = None if self.cascade else fmt(batch.attention_mask())
+        if not self.shape.layer_types:
+            return full
+        masks = {"full_attention": full}
+        if self.shape.has_sliding_layers:
+            masks["sliding_attention"] = fmt(batch.attention_mask(self.shape.sliding_window))
+        return masks
+
+    @torch.inference_mode()
+    def score(self, kv_cache, prefix_len: int, items: Sequence[PackedItem]) -> list[list[float]]:
+        """Total probability mass of each answer group of each item, from ONE forward over the packed items.
+
+        The cache must hold exactly `prefix_len` tokens; it is extended by the packed rows and should
+        not be reused afterwards.
+        """
+        assert hf.cache_length(kv_cache) == prefix_len, "the cache must hold exactly the prefix"
+        batch = pack(prefix_len, items)
+        # input_ids, position_ids: [1, N]
+        input_ids = torch.from_numpy(batch.input_ids).to(self.device)[None]
+        position_ids = torch.from_numpy(batch.position_ids).to(self.device)[None]
+        plan = self.plan(batch, prefix_len) if self.cascade else None
+        hidden = hf.run_body(self.body, input_ids, position_ids, kv_cache, plan, self.masks(batch))
+        return self.head.read(batch, hidden[0])
+
+
+class TwoForwards:
+    """`prefill`, then `score`: two forwards, for models whose layers cannot all run the cascade."""
+
+    def __init__(self, eager: EagerBody):
+        self.eager = eager
+
+    @torch.inference_mode()
+    def run(self, ids, items, base, keep_prefix):
+        kv_cache, prefix_len = self.eager.prefill(ids, base)
+        masses = self.eager.score(kv_cache, prefix_len, items)
+        return masses, snapshot(kv_cache, prefix_len) if keep_prefix else None
+
+
+class OneForward:
+    """The document rows, then the packed rows (which see the whole document), in ONE eager forward."""
+
+    def __init__(self, eager: EagerBody):
+        self.eager = eager
+
+    @torch.inference_mode()
+    def run(self, ids, items, base, keep_prefix):
+        eager = self.eager
+        kv_cache = hf.new_cache(base.layers if base else ())
+        start = base.length if base else 0
+        prefix_len = start + len(ids)
+        batch = pack(prefix_len, items)
+        plan = eager.plan(batch, start, len(ids))
+        # input_ids, position_ids: [1, T + N]
+        input_ids = torch.from_numpy(np.concatenate([np.asarray(ids, dtype=np.int64), batch.input_ids]))[None]
+        input_ids = input_ids.to(eager.device)
+        positions = [*range(start, prefix_len), *batch.position_ids.tolist()]
+        position_ids = torch.tensor([positions], device=eager.device)
+        hidden = hf.run_body(eager.body, input_ids, position_ids, kv_cache, plan, eager.no_masks)
+        masses = eager.head.read(batch, hidden[0, len(ids) :])
+        return masses, snapshot(kv_cache, prefix_len) if keep_prefix else None
+
+
+class StaticForward:
+    """The one forward with static shapes, replayed as a CUDA graph where `runner.capture` (see `graphs`)."""
+
+    def __init__(self, runner: StaticRunner):
+        self.runner = runner
+
+    @torch.inference_mode()
+    def run(self, ids, items, base, keep_prefix):
+        start = base.length if base else 0
+        batch = pack(start + len(ids), items)
+        steps, layers, length = self.runner.run(ids, batch, base, keep=keep_prefix)
+        prefix = None
+        if keep_prefix:
+            prefix = PrefixKV(layers, length) if len(ids) or base is None else base
+            self.runner.remember(prefix)
+        return group_masses(batch, steps), prefix

@@ -1,0 +1,189 @@
+"""The one adapter over transformers' internals: every touch of them outside model loading lives here.
+
+- `ModelShape.of(model)`: the config fields typedlm reads (head counts, head size, layers, layer types, sliding
+  window, context length, logit softcap), each read once, with the fallbacks configs need;
+- `use_cascade(model)`: registers typedlm's cascade attention (`typedlm.ops.attention.cascade`) as an attention
+  implementation and switches an SDPA model to it; a forward without a plan, and sliding-window layers, fall
+  through to transformers' SDPA;
+- `decoder_and_head(model)`: the model body (no LM head) and the head;
+- `new_cache`, `cache_layers`, `cache_length`: transformers' `DynamicCache` built from and read back as plain
+  per-layer (keys, values) tensors;
+- `run_body(body, ...)`: calls the body with the cache under whichever keyword this transformers takes
+  (`past_key_values=`, renamed `cache=` in 5.2x) and the cascade's plan as `typedlm_plan`;
+- `rotary_function(model)` / `set_rotary_function(model, fn)`: the family's module-level
+  `apply_rotary_pos_emb`, which `patching` wraps.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+
+import torch
+from transformers import AttentionInterface, DynamicCache
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from typedlm.ops.attention import CascadePlan, StaticPlan, cascade
+
+CASCADE = "typedlm_cascade"  # the attention implementation's registered name
+PLAN_KEYWORD = "typedlm_plan"  # how a forward hands its cascade plan down to every attention call
+SUPPORTED_LAYER_TYPES = ("full_attention", "sliding_attention")
+
+Layers = tuple[tuple[torch.Tensor, torch.Tensor], ...]  # per layer (keys, values) [1, Hkv, T, D]
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The config fields typedlm reads, from the text config of a (possibly multimodal) model."""
+
+    heads: int
+    kv_heads: int
+    head_dim: int
+    layers: int
+    layer_types: tuple[str, ...] | None
+    sliding_window: int | None
+    max_positions: int | None
+    softcap: float | None
+
+    @classmethod
+    def of(cls, model: torch.nn.Module) -> ModelShape:
+        config = model.config.get_text_config()
+        heads = config.num_attention_heads
+        layer_types = getattr(config, "layer_types", None)
+        return cls(
+            heads=heads,
+            kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+            head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
+            layers=config.num_hidden_layers,
+            layer_types=tuple(layer_types) if layer_types else None,
+            sliding_window=getattr(config, "sliding_window", None),
+            max_positions=getattr(config, "max_position_embeddings", None),
+            softcap=getattr(config, "final_logit_softcapping", None),
+        )
+
+    @property
+    def has_sliding_layers(self) -> bool:
+        return "sliding_attention" in (self.layer_types or ())
+
+    def no_masks(self) -> dict[str, None] | None:
+        """What a forward passes as `attention_mask` when the cascade needs none (per layer type where typed)."""
+        return {kind: None for kind in self.layer_types} if self.layer_types else None
+
+
+def _attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    typedlm_plan: CascadePlan | StaticPlan | None = None,
+    sliding_window: int | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """transformers' attention interface around `cascade`: SDPA where there is no plan or a sliding window."""
+    if typedlm_plan is None or sliding_window is not None:
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
+    return cascade(module.layer_idx, query, key, value, typedlm_plan, scaling), None
+
+
+@cache
+def _register() -> None:
+    AttentionInterface.register(CASCADE, _attention)
+    AttentionMaskInterface.register(CASCADE, sdpa_mask)
+
+
+def attention_implementation(model: torch.nn.Module) -> str:
+    return model.config._attn_implementation
+
+
+def use_cascade(model: torch.nn.Module) -> bool:
+    """Switch an SDPA model (or one already switched) to the cascade; False for any other implementation."""
+    if attention_implementation(model) not in ("sdpa", CASCADE):
+        return False
+    _register()
+    model.set_attn_implementation(CASCADE)
+    return True
+
+
+def takes_additive_masks(model: torch.nn.Module) -> bool:
+    """Eager attention adds its mask to the scores; the others take boolean masks."""
+    return attention_implementation(model) == "eager"
+
+
+def decoder_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module | None]:
+    return model.get_decoder(), model.get_output_embeddings()
+
+
+def check_layer_types(shape: ModelShape) -> list[str]:
+    """The model's attention layer types that typedlm does not know (none: it can serve the model)."""
+    return sorted(set(shape.layer_types or ()) - set(SUPPORTED_LAYER_TYPES))
+
+
+def new_cache(base: Layers = ()) -> DynamicCache:
+    """A cache holding `base`; no config, so every layer keeps all its keys (sliding layers included)."""
+    kv_cache = DynamicCache()
+    for layer, (k, v) in enumerate(base):
+        kv_cache.update(k, v, layer)
+    return kv_cache
+
+
+def cache_layers(kv_cache: DynamicCache, length: int) -> Layers:
+    """The cache's first `length` tokens per layer, as views (nothing copied)."""
+    assert all(layer.keys.shape[-2] >= length for layer in kv_cache.layers), "the cache is shorter than that"
+    return tuple((layer.keys[:, :, :length], layer.values[:, :, :length]) for layer in kv_cache.layers)
+
+
+def cache_length(kv_cache: DynamicCache) -> int:
+    return kv_cache.get_seq_length()
+
+
+@cache
+def _cache_keyword(forward: Callable) -> str:
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
+
+
+def run_body(
+    body: torch.nn.Module,
+    input_ids: torch.Tensor,
+    position_ids: torch.Tensor,
+    kv_cache: DynamicCache | None = None,
+    plan: CascadePlan | StaticPlan | None = None,
+    attention_mask=None,
+) -> torch.Tensor:
+    """The body's last hidden states [1, T, D] for `input_ids` [1, T]: with a cache it is extended, without one
+    nothing is kept; `plan` reaches every attention call."""
+    kwargs = {PLAN_KEYWORD: plan} if plan is not None else {}
+    if kv_cache is not None:
+        kwargs[_cache_keyword(type(body).forward)] = kv_cache
+    out = body(
+        input_ids=input_ids,
+        position_ids=position_ids,
+        attention_mask=attention_mask,
+        use_cache=kv_cache is not None,
+        **kwargs,
+    )
+    return out.last_hidden_state
+
+
+def _modeling_module(model: torch.nn.Module):
+    """The Python module of the model's attention class: where its family's `apply_rotary_pos_emb` lives."""
+    attention = next((m for m in model.modules() if hasattr(m, "q_proj") and hasattr(m, "k_proj")), None)
+    return sys.modules.get(type(attention).__module__) if attention is not None else None
+
+
+def rotary_function(model: torch.nn.Module) -> Callable | None:
+    """The family's `apply_rotary_pos_emb(q, k, cos, sin, ...)` (None where the family has none)."""
+    return getattr(_modeling_module(model), "apply_rotary_pos_emb", None)
+
+
+def set_rotary_function(model: torch.nn.Module, function: Callable) -> None:
+    """Replace the family's `apply_rotary_pos_emb`: every model of the family in this process calls `function`."""
+    _modeling_module(model).apply_rotary_pos_emb = function
