@@ -26,7 +26,7 @@ from transformers import AutoTokenizer
 sys.path.insert(0, str(Path(__file__).parent))
 from latency import make_questions, make_state
 
-from typedlm.runtime.graphs import Shape, _Slot
+from typedlm.runtime.graphs import Shape, Slot
 from typedlm.text.labels import Labeler
 from typedlm.runtime.models import converted_gguf, embedded_gguf_path
 from typedlm.runtime.packing import PackedItem, pack
@@ -47,7 +47,7 @@ def main() -> None:
     rows = []
     for q in args.questions:
         questions = list(make_questions(q).values())
-        slots: dict[Shape, _Slot] = {}
+        slots: dict[Shape, Slot] = {}
         times: dict[str, list[float]] = {"tokenize": [], "pack": [], "fill": []}
         for i in range(args.repeats + 3):  # the first three: warm-up (caches filled, as in a server)
             start = time.perf_counter()
@@ -57,7 +57,7 @@ def main() -> None:
             packed = time.perf_counter()
             ids = prompt.prefix_ids[system:]
             shape = Shape.of(len(ids), batch)
-            slot = slots.get(shape) or slots.setdefault(shape, _Slot(shape, torch.device("cpu")))
+            slot = slots.get(shape) or slots.setdefault(shape, Slot(shape, torch.device("cpu")))
             slot.fill(ids, batch, system)
             filled = time.perf_counter()
             if i >= 3:

@@ -113,7 +113,7 @@ def main() -> None:
     timed_steps(decider.layout, "tokenize", "tokenize")
     timed_steps(decider.prefix_cache, "lookup", "lookup")
     timed_steps(engine_module, "pack", "pack")
-    timed_steps(graphs._Slot, "fill", "fill")
+    timed_steps(graphs.Slot, "fill", "fill")
     timed_steps(torch.cuda.CUDAGraph, "replay", "replay")
     timed_steps(engine_module.Engine, "_masses", "masses", static=True)
     timed_steps(Decider, "_content_free", "priors")

@@ -15,10 +15,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, Gemma3TextConfig, LlamaConfig, Qwen3Config
 
-from typedlm.ops.attention import kernel_available
 from typedlm.decide.decider import Decider
-from typedlm.text.labels import LabelSet
+from typedlm.ops.attention import kernel_available
 from typedlm.runtime.models import LoadedModel, converted_gguf, embedded_gguf_path, load_model
+from typedlm.text.labels import LabelSet
 
 FAMILIES = ("qwen3", "llama", "gemma3")
 
@@ -133,4 +133,100 @@ def keyed_server_url(real_decider):
     from typedlm.server import ServerSettings, create_app
 
     with ServerThread(create_app(real_decider, ServerSettings(api_keys=("key-one", "key-two")))) as url:
+        yield url
+
+
+# ---------------------------------------------------------------- a fake decider, for the HTTP layer's own tests
+
+import json  # noqa: E402  (added below the original fixtures on purpose)
+from typing import Any, NamedTuple  # noqa: E402
+
+
+class FakeCall(NamedTuple):
+    state: Any
+    questions: dict[str, Any]
+    calibration: str | None
+    order_reads: int | None
+
+
+class FakeDecider:
+    """A stand-in for `Decider` whose subject is NOT the model: for tests of the HTTP layer (routing, parsing,
+    errors, auth, limits, queueing), which never need a real answer.
+
+    It has the `DeciderLike` shape `create_app` takes. `decide` answers every question through the question's
+    own `answer` with uniform probabilities (raw mass 1.0), so responses are well-formed and deterministic;
+    usage counts one token per whitespace-separated word of the state. Every call is recorded in `calls`.
+    `gate` (a threading.Event) makes each call wait until it is set (at most `gate_timeout_s`), and
+    `delay_s` makes it sleep after that: slow model passes for queue and timeout tests. `stats` has the
+    real prefix cache's counters: a state seen before counts as a hit, a new one as a miss.
+    """
+
+    def __init__(
+        self,
+        name: str = "fake-model",
+        *,
+        delay_s: float = 0.0,
+        gate: threading.Event | None = None,
+        gate_timeout_s: float = 60.0,
+        calibration: str = "raw",
+        max_bytes: int = 1 << 20,
+    ):
+        self.name = name
+        self.delay_s = delay_s
+        self.gate = gate
+        self.gate_timeout_s = gate_timeout_s
+        self.calibration = calibration
+        self.calls: list[FakeCall] = []
+        self._lock = threading.Lock()
+        self._seen: dict[str, int] = {}  # state as JSON -> its size in bytes
+        self._counters = dict.fromkeys(("hits", "partial_hits", "misses", "reused_tokens"), 0)
+        self._max_bytes = max_bytes
+
+    def decide(self, state, questions, calibration=None, order_reads=None):
+        from typedlm.core.answers import Response, Usage
+
+        self.calls.append(FakeCall(state, dict(questions), calibration, order_reads))
+        if self.gate is not None:
+            self.gate.wait(self.gate_timeout_s)
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        key = json.dumps(state, ensure_ascii=False, sort_keys=True)
+        tokens = max(1, len(key.split()))
+        with self._lock:
+            if key in self._seen:
+                self._counters["hits"] += 1
+                self._counters["reused_tokens"] += tokens
+            else:
+                self._counters["misses"] += 1
+                self._seen[key] = len(key.encode())
+        answers = {qid: q.answer([1 / q.size] * q.size, 1.0, {}) for qid, q in questions.items()}
+        extras: dict[str, Any] = {"calibration": calibration or self.calibration}
+        if order_reads and order_reads > 1:
+            extras["order_reads"] = order_reads
+        return Response(self.name, answers, Usage(tokens), extras)
+
+    def stats(self) -> dict[str, dict[str, int]]:
+        with self._lock:
+            entries, size = len(self._seen), sum(self._seen.values())
+            return {"prefix_cache": {**self._counters, "entries": entries, "bytes": size, "max_bytes": self._max_bytes}}
+
+
+@pytest.fixture(scope="session")
+def fake_decider():
+    return FakeDecider()
+
+
+@pytest.fixture(scope="session")
+def fake_server_url(fake_decider):
+    from typedlm.server import ServerSettings, create_app
+
+    with ServerThread(create_app(fake_decider, ServerSettings())) as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def fake_keyed_server_url():
+    from typedlm.server import ServerSettings, create_app
+
+    with ServerThread(create_app(FakeDecider(), ServerSettings(api_keys=("key-one", "key-two")))) as url:
         yield url

@@ -7,20 +7,18 @@ import math
 import numpy as np
 import pytest
 
+from typedlm.core.errors import ModelError
 from typedlm.decide.calibration import (
     FLOOR,
     CalibrationFile,
     calibrate_read,
     combine,
     contextual,
-    fit_platt,
-    fit_scaling,
-    fit_temperature,
     normalised,
     platt,
     tempered,
 )
-from typedlm.core.errors import ModelError
+from typedlm.offline.fitting import fit_platt, fit_scaling, fit_temperature
 
 
 def test_contextual_divides_out_the_prior():
@@ -127,8 +125,8 @@ def test_per_question_scaling_learns_how_often_each_answer_is_right():
 
 
 def test_a_files_own_question_parameters_win_over_its_types():
-    from typedlm.decide.calibration import signature
     from typedlm.core.questions import ChoiceQuestion
+    from typedlm.decide.calibration import signature
 
     known = ChoiceQuestion((("a", None), ("b", None)), "Known?")
     unknown = ChoiceQuestion((("a", None), ("b", None)), "Unknown?")

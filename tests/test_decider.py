@@ -58,11 +58,11 @@ def test_packed_readout_equals_full_forward_on_the_real_model(real_decider):
     }
     response = real_decider.decide(STATE, questions)
     prefix_text = real_decider.layout.prefix_text(STATE)
-    assert real_decider.labels_for(questions["many"]).inner_nodes, "255 options include multi-token labels"
+    assert real_decider.labeler.for_question(questions["many"]).inner_nodes, "255 options include multi-token labels"
     for qid, question in questions.items():
         whole = real_decider.layout.encode(prefix_text + real_decider.layout.suffix_text(question))
         probs, raw_mass = normalise(
-            reference_masses(real_decider.engine.model, whole, real_decider.labels_for(question))
+            reference_masses(real_decider.engine.model, whole, real_decider.labeler.for_question(question))
         )
         answer = response.answers[qid]
         if isinstance(question, NoulQuestion):

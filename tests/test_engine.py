@@ -6,10 +6,11 @@ import pytest
 import torch
 
 from typedlm.core.confidence import normalise
-from typedlm.runtime.engine import Engine
-from typedlm.text.labels import LabelSet
-from typedlm.runtime.packing import PackedItem
+from typedlm.core.options import EngineOptions
 from typedlm.core.questions import ChoiceQuestion, NoulQuestion, ScoreQuestion
+from typedlm.runtime.engine import Engine
+from typedlm.runtime.packing import PackedItem
+from typedlm.text.labels import LabelSet
 
 from .conftest import reference_masses, tiny_model
 
@@ -25,7 +26,7 @@ QUESTIONS = {
 
 
 def test_many_options_use_multi_token_labels(tiny_decider):
-    labels = tiny_decider.labels_for(QUESTIONS["many"])
+    labels = tiny_decider.labeler.for_question(QUESTIONS["many"])
     assert labels.max_depth >= 2 and labels.inner_nodes, "255 options should exercise the label tree"
 
 
@@ -35,7 +36,7 @@ def test_packed_readout_equals_full_forward_per_question(tiny_decider):
     prefix_text = decider.layout.prefix_text(STATE)
     for qid, question in QUESTIONS.items():
         whole = decider.layout.encode(prefix_text + decider.layout.suffix_text(question))
-        masses = reference_masses(decider.engine.model, whole, decider.labels_for(question))
+        masses = reference_masses(decider.engine.model, whole, decider.labeler.for_question(question))
         probs, raw_mass = normalise(masses)
         answer = response.answers[qid]
         got = [answer.p_yes] if isinstance(question, NoulQuestion) else list(answer.probabilities)
@@ -85,7 +86,7 @@ def test_tree_readout_equals_sequential_scoring(family, tokenizer):
     prefix = [11, 23, 45, 67, 89, 101, 300, 301, 302, 303]
     suffixes = [[400, 401, 402], [500, 501], [vocab - 1, 7, 8, 9, 10]]
     cache, prefix_len = engine.prefill(prefix[4:], engine.snapshot(*engine.prefill(prefix[:4])))
-    got = engine.score(cache, prefix_len, [PackedItem(s, labels) for s in suffixes])
+    got = engine.score_suffixes(cache, prefix_len, [PackedItem(s, labels) for s in suffixes])
     with torch.inference_mode():
         for suffix, masses in zip(suffixes, got, strict=True):
             want = []
@@ -106,7 +107,7 @@ def test_score_rejects_a_cache_of_the_wrong_length(tokenizer):
     engine = Engine(tiny_model("llama", len(tokenizer)))
     cache, length = engine.prefill([1, 2, 3])
     with pytest.raises(AssertionError):
-        engine.score(cache, length + 1, [PackedItem([4], LabelSet.build([[(5,)], [(6,)]]))])
+        engine.score_suffixes(cache, length + 1, [PackedItem([4], LabelSet.build([[(5,)], [(6,)]]))])
 
 
 def test_a_bfloat16_head_is_applied_in_float32(tokenizer):
@@ -115,20 +116,20 @@ def test_a_bfloat16_head_is_applied_in_float32(tokenizer):
     hidden = torch.randn(3, 64)
     weight = model.get_output_embeddings().weight
     want = torch.log_softmax(hidden @ weight.float().T, dim=-1)  # every vocabulary chunk included
-    assert torch.allclose(engine._log_softmax_head(hidden), want, atol=1e-5)
+    assert torch.allclose(engine.head.logprobs(hidden), want, atol=1e-5)
 
 
 def test_one_forward_run_equals_prefill_then_score(tokenizer):
     model = tiny_model("llama", len(tokenizer), seed=2)
     fused = Engine(model)
-    assert fused.fused, "a model without sliding windows runs document and questions in one forward"
-    two_step = Engine(model, cascade=False)
-    assert not two_step.fused
+    assert fused.features.one_forward, "a model without sliding windows runs document and questions in one forward"
+    two_step = Engine(model, EngineOptions(cascade=False))
+    assert not two_step.features.one_forward
     labels = LabelSet.build([[(5, 7)], [(5, 8)], [(9,)]])
     items = [PackedItem([400, 401, 402], labels), PackedItem([500, 501], labels)]
     base = fused.snapshot(*fused.prefill([11, 23, 45]))
     got, prefix = fused.run([67, 89, 101, 300], items, base)
     assert prefix.length == 7 and all(k.shape[-2] == 7 for k, _ in prefix.layers)
-    want = two_step.score(*two_step.prefill([67, 89, 101, 300], base), items)
+    want = two_step.score_suffixes(*two_step.prefill([67, 89, 101, 300], base), items)
     assert max(abs(a - b) for g, w in zip(got, want, strict=True) for a, b in zip(g, w, strict=True)) < 1e-7
-    assert not Engine(tiny_model("gemma3", len(tokenizer))).fused  # sliding windows: two forwards
+    assert not Engine(tiny_model("gemma3", len(tokenizer))).features.one_forward  # sliding windows: two forwards

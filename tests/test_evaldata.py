@@ -9,9 +9,9 @@ from functools import cache
 
 import pytest
 
+from typedlm.core.questions import parse_request
 from typedlm.offline import evaldata
 from typedlm.offline.evaldata import DATASETS, DataNotInstalled, Example, read_jsonl, sample, split, write_jsonl
-from typedlm.core.questions import parse_request
 
 # name → (examples, {qid: {gold as JSON: count}}) measured on the pinned package versions
 EXPECTED = {

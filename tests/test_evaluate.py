@@ -8,11 +8,12 @@ import sys
 
 import pytest
 
-from typedlm.decide.calibration import CalibrationFile
 from typedlm.core.errors import InvalidRequest
+from typedlm.core.questions import NO, YES, parse_questions
+from typedlm.decide.calibration import CalibrationFile
 from typedlm.offline.evaldata import Example, write_jsonl
-from typedlm.offline.evaluate import HttpBackend, LocalBackend, evaluate, fit_calibrations, gold_index, load_examples
-from typedlm.core.questions import parse_questions
+from typedlm.offline.evaluate import HttpBackend, LocalBackend, evaluate, load_examples
+from typedlm.offline.fitting import fit_calibrations
 
 QUESTIONS = {
     "positive": {"type": "noul", "instructions": "Is this review positive?"},
@@ -40,9 +41,9 @@ def data_file(tmp_path):
 
 def test_gold_answers_become_class_indices():
     questions = parse_questions(QUESTIONS)
-    assert gold_index(questions["positive"], True) == 1 and gold_index(questions["positive"], False) == 0
-    assert gold_index(questions["topic"], "sport") == 2
-    assert gold_index(questions["stars"], 1) == 1
+    assert questions["positive"].gold_index(True) == YES == 0 and questions["positive"].gold_index(False) == NO == 1
+    assert questions["topic"].gold_index("sport") == 2
+    assert questions["stars"].gold_index(1) == 1
 
 
 def test_examples_load_from_files_and_names_are_checked(data_file):

@@ -5,13 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from typedlm.ops.attention import attend_with_lse, plain_attention
 from typedlm.core.confidence import normalise
-from typedlm.decide.decider import Decider
-from typedlm.runtime.engine import Engine
-from typedlm.runtime.patching import unfuse_rope
-from typedlm.runtime.models import LoadedModel
+from typedlm.core.options import EngineOptions
 from typedlm.core.questions import ChoiceQuestion, NoulQuestion, ScoreQuestion
+from typedlm.decide.decider import Decider
+from typedlm.ops.attention import attend_with_lse, plain_attention
+from typedlm.runtime.engine import Engine
+from typedlm.runtime.models import LoadedModel
+from typedlm.runtime.patching import unfuse_rope
 
 from .conftest import reference_masses, tiny_model
 
@@ -48,7 +49,7 @@ def test_packed_readout_on_cuda_equals_full_forward_in_float32(family, tokenizer
     response = decider.decide(state, QUESTIONS)
     for qid, question in QUESTIONS.items():
         whole = decider.layout.encode(decider.layout.prefix_text(state) + decider.layout.suffix_text(question))
-        probs, raw = normalise(reference_masses(model, whole, decider.labels_for(question)))
+        probs, raw = normalise(reference_masses(model, whole, decider.labeler.for_question(question)))
         answer = response.answers[qid]
         got = (
             [answer.p_yes]
@@ -63,7 +64,7 @@ def test_bfloat16_cascade_agrees_with_masked_attention(tokenizer):
     model = tiny_model("qwen3", len(tokenizer)).cuda().to(torch.bfloat16)
     state = "The parcel is late and the customer is upset."
     masked = Decider(LoadedModel(model, tokenizer, "tiny"), calibration="raw")
-    masked.engine = Engine(model, cascade=False)  # the same model, one masked attention per layer
+    masked.engine = Engine(model, EngineOptions(cascade=False))  # the same model, one masked attention per layer
     masked_answers = masked.decide(state, QUESTIONS).answers
     cascade_answers = Decider(LoadedModel(model, tokenizer, "tiny"), calibration="raw").decide(state, QUESTIONS).answers
     assert abs(masked_answers["n"].p_yes - cascade_answers["n"].p_yes) < 0.05
@@ -74,8 +75,13 @@ def test_bfloat16_cascade_agrees_with_masked_attention(tokenizer):
 def test_cuda_graphs_equal_the_eager_forward(dtype, tokenizer):
     model = tiny_model("qwen3", len(tokenizer)).cuda().to(dtype)
     graphs = Decider(LoadedModel(model, tokenizer, "tiny"), prefix_cache_bytes=0, calibration="raw")
-    eager = Decider(LoadedModel(model, tokenizer, "tiny"), prefix_cache_bytes=0, cuda_graphs=False, calibration="raw")
-    assert graphs.engine.runner is not None and graphs.engine.runner.capture and eager.engine.runner is None
+    eager = Decider(
+        LoadedModel(model, tokenizer, "tiny"),
+        prefix_cache_bytes=0,
+        engine=EngineOptions(cuda_graphs=False),
+        calibration="raw",
+    )
+    assert graphs.features.capture and not eager.features.static
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     states = ["The parcel is late and the customer is upset.", "A short one.", "The parcel is late, again and again."]
     for state in states * 2:  # the second round replays the captured graphs
@@ -83,13 +89,18 @@ def test_cuda_graphs_equal_the_eager_forward(dtype, tokenizer):
         assert abs(want["n"].p_yes - got["n"].p_yes) < tol
         assert list(want["s"].probabilities) == pytest.approx(list(got["s"].probabilities), abs=tol)
         assert list(want["c"].probabilities.values()) == pytest.approx(list(got["c"].probabilities.values()), abs=tol)
-    assert len(graphs.engine.runner.slots) <= 3
+    assert len(graphs.engine.forward.runner.slots) <= 3
 
 
 def test_cuda_graphs_with_the_prefix_cache(tokenizer):
     model = tiny_model("qwen3", len(tokenizer)).cuda()
     cached = Decider(LoadedModel(model, tokenizer, "tiny"), calibration="raw")
-    eager = Decider(LoadedModel(model, tokenizer, "tiny"), prefix_cache_bytes=0, cuda_graphs=False, calibration="raw")
+    eager = Decider(
+        LoadedModel(model, tokenizer, "tiny"),
+        prefix_cache_bytes=0,
+        engine=EngineOptions(cuda_graphs=False),
+        calibration="raw",
+    )
     state = {"turns": ["hello", "my order is late"]}
     for _ in range(3):
         got, want = cached.decide(state, QUESTIONS).answers, eager.decide(state, QUESTIONS).answers
@@ -105,7 +116,11 @@ def test_fused_kernels_agree_with_the_models_own(dtype, tokenizer):
     unfuse_rope(model)  # an earlier test's decider may have swapped the family's rotary
     state = "The parcel is late and the customer is upset."
     # eager: graphs captured on the model would keep the fused decider from joining gate and up (see kernels)
-    own = Decider(LoadedModel(model, tokenizer, "tiny"), fused_kernels=False, cuda_graphs=False, calibration="raw")
+    own = Decider(
+        LoadedModel(model, tokenizer, "tiny"),
+        engine=EngineOptions(fused_kernels=False, cuda_graphs=False),
+        calibration="raw",
+    )
     assert own.engine.fusion is None
     want = own.decide(state, QUESTIONS).answers  # before fusing: the rotary swap is process-wide
     try:
@@ -126,9 +141,11 @@ def test_attention_kernel_equals_torch_kernels(dtype, tokenizer):
     pytest.importorskip("triton")
     model = tiny_model("qwen3", len(tokenizer)).cuda().to(dtype)
     loaded = LoadedModel(model, tokenizer, "tiny")
-    kernel = Decider(loaded, prefix_cache_bytes=0, calibration="raw", attention_kernel=True)
-    torch_kernels = Decider(loaded, prefix_cache_bytes=0, calibration="raw", attention_kernel=False)
-    assert kernel.engine.runner.attention_kernel and not torch_kernels.engine.runner.attention_kernel
+    kernel = Decider(loaded, prefix_cache_bytes=0, calibration="raw", engine=EngineOptions(attention_kernel=True))
+    torch_kernels = Decider(
+        loaded, prefix_cache_bytes=0, calibration="raw", engine=EngineOptions(attention_kernel=False)
+    )
+    assert kernel.features.attention_kernel and not torch_kernels.features.attention_kernel
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     for state in ["The parcel is late and the customer is upset.", "A short one."] * 2:  # then replayed
         want, got = torch_kernels.decide(state, QUESTIONS).answers, kernel.decide(state, QUESTIONS).answers

@@ -6,11 +6,12 @@ import numpy as np
 import pytest
 import torch
 
+from typedlm.core.options import EngineOptions
 from typedlm.ops.attention import attend_ranges, attend_with_lse
 from typedlm.runtime.engine import Engine
-from typedlm.runtime.graphs import Shape, _Slot, bucket
-from typedlm.text.labels import LabelSet
+from typedlm.runtime.graphs import Shape, Slot, bucket
 from typedlm.runtime.packing import PackedItem, pack
+from typedlm.text.labels import LabelSet
 
 from .conftest import needs_triton, tiny_model
 
@@ -38,7 +39,7 @@ def test_shapes_are_shared_by_similar_requests():
 def test_a_reused_slot_holds_only_the_latest_request():
     big, small = pack(40, items(12, 9)), pack(30, items(9, 8))
     shape = Shape.of(20, big)  # the small request fits it in every dimension
-    reused, fresh = _Slot(shape, torch.device("cpu")), _Slot(shape, torch.device("cpu"))
+    reused, fresh = Slot(shape, torch.device("cpu")), Slot(shape, torch.device("cpu"))
     reused.fill(list(range(20)), big, 20)
     reused.fill(list(range(18)), small, 12)
     fresh.fill(list(range(18)), small, 12)
@@ -79,8 +80,8 @@ def test_ranges_attention_equals_the_masked_computation(causal):
 )
 def test_static_run_equals_the_dynamic_run(family, kernel, tokenizer):
     model = tiny_model(family, len(tokenizer), seed=3)
-    dynamic, static = Engine(model), Engine(model, static=True, attention_kernel=kernel)
-    assert static.runner is not None and dynamic.runner is None
+    dynamic, static = Engine(model), Engine(model, EngineOptions(cuda_graphs=True, attention_kernel=kernel))
+    assert static.features.static and not dynamic.features.static
     system = dynamic.snapshot(*dynamic.prefill([11, 23, 45, 67, 89]))
     requests = [
         ([100 + i for i in range(40)], items(3, 6), system),

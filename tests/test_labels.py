@@ -33,7 +33,7 @@ def test_same_group_extensions_are_dropped_and_cross_group_prefixes_rejected():
 
 
 def test_noul_groups_cover_every_surface_form(labeler, tokenizer):
-    yes, no = labeler.noul().groups
+    yes, no = labeler.labels("noul", 2).groups
     decoded_yes = {tokenizer.decode(list(form)) for form in yes}
     decoded_no = {tokenizer.decode(list(form)) for form in no}
     assert {"yes", "Yes", "y", "Y"} <= decoded_yes and {"no", "No", "NO", "n", "N"} <= decoded_no
@@ -46,7 +46,7 @@ def test_noul_groups_cover_every_surface_form(labeler, tokenizer):
 def test_choice_labels_round_trip_in_context(labeler, tokenizer, n):
     opening = labeler._context
     opening_ids = tokenizer(opening, add_special_tokens=False)["input_ids"]
-    labels = labeler.choice(n)
+    labels = labeler.labels("choice", n)
     assert len(labels.groups) == n
     for label, (form,) in zip(choice_labels(n), labels.groups, strict=True):
         assert tokenizer.decode(list(form)) == label
@@ -54,7 +54,7 @@ def test_choice_labels_round_trip_in_context(labeler, tokenizer, n):
 
 
 def test_score_labels_are_single_digits(labeler):
-    assert all(len(form) == 1 for (form,) in labeler.score(10).groups)
+    assert all(len(form) == 1 for (form,) in labeler.labels("score", 10).groups)
 
 
 def test_a_label_that_merges_with_its_context_is_not_readable(tokenizer):

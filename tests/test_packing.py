@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from typedlm.text.labels import LabelSet
 from typedlm.runtime.packing import BATCH_CACHE_ENTRIES, LAYOUT_CACHE_ENTRIES, PackedItem, _batch_layout, _layout, pack
+from typedlm.text.labels import LabelSet
 
 
 def test_layout_of_two_questions_with_a_label_tree():

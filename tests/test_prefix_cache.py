@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import torch
 
+from typedlm.core.questions import ChoiceQuestion, NoulQuestion, ScoreQuestion
 from typedlm.decide.decider import Decider
-from typedlm.runtime.engine import PrefixKV
+from typedlm.runtime.kv import PrefixKV
 from typedlm.runtime.models import LoadedModel
 from typedlm.runtime.prefix_cache import PrefixCache
-from typedlm.core.questions import ChoiceQuestion, NoulQuestion, ScoreQuestion
 
 from .conftest import tiny_model
 

@@ -8,8 +8,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from typedlm.core.errors import ModelError
-from typedlm.text.prompt import SYSTEM_PROMPT, ChatLayout, common_prefix_length, question_block, render_text
 from typedlm.core.questions import ChoiceQuestion, NoulQuestion, ScoreQuestion
+from typedlm.text.prompt import SYSTEM_PROMPT, ChatLayout, common_prefix_length, question_block, render_text
 
 QUESTIONS = [
     NoulQuestion("Is it spam?"),

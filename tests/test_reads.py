@@ -5,12 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from typedlm.decide.calibration import CalibrationFile, contextual, normalised
-from typedlm.decide.decider import CONTENT_FREE_STATE, Decider, rotations
 from typedlm.core.errors import InvalidRequest, ModelError
+from typedlm.core.questions import ChoiceQuestion, NoulQuestion, ScoreQuestion
+from typedlm.decide.calibration import CalibrationFile, contextual, normalised
+from typedlm.decide.decider import CONTENT_FREE_STATE, Decider
+from typedlm.decide.reads import rotations
 from typedlm.runtime.models import LoadedModel
 from typedlm.text.prompt import PROMPT_VERSION
-from typedlm.core.questions import ChoiceQuestion, NoulQuestion, ScoreQuestion
 
 from .conftest import tiny_model
 
@@ -35,22 +36,22 @@ def test_rotations_cover_every_option_in_every_position():
 
 
 def test_each_read_equals_the_rotated_question_asked_alone(decider):
-    reads, _ = decider.read(STATE, QUESTIONS, order_reads=3)
+    reads = decider.read(STATE, QUESTIONS, order_reads=3).reads
     assert len(reads["late"].masses) == 1 and len(reads["topic"].masses) == 3 and len(reads["urgency"].masses) == 3
     for qid in ("topic", "urgency"):
         for (version, order), masses in zip(rotations(QUESTIONS[qid], 3), reads[qid].masses, strict=True):
-            alone, _ = decider.read(STATE, {"q": version})
+            alone = decider.read(STATE, {"q": version}).reads
             # alone's masses are by position; the read maps position j back to option order[j]
             assert masses == pytest.approx([alone["q"].masses[0][order.index(i)] for i in range(len(order))], abs=1e-6)
     # the unrotated read is the plain one
-    plain, _ = decider.read(STATE, QUESTIONS)
+    plain = decider.read(STATE, QUESTIONS).reads
     assert reads["topic"].masses[0] == pytest.approx(plain["topic"].masses[0], abs=1e-6)
 
 
 def test_order_reads_answers_average_and_report_spread(decider):
     response = decider.decide(STATE, QUESTIONS, order_reads=4)
     topic = response.answers["topic"].to_wire()
-    reads, _ = decider.read(STATE, QUESTIONS, order_reads=4)
+    reads = decider.read(STATE, QUESTIONS, order_reads=4).reads
     mean = np.mean([normalised(m) for m in reads["topic"].masses], axis=0)
     assert list(topic["probabilities"].values()) == pytest.approx(list(mean), abs=1e-9)
     assert topic["x_reads"] == 4 and topic["x_stderr"] >= 0 and 0.25 <= topic["x_agreement"] <= 1
@@ -59,8 +60,8 @@ def test_order_reads_answers_average_and_report_spread(decider):
 
 
 def test_contextual_prior_is_the_content_free_documents_masses(decider):
-    reads, _ = decider.read(STATE, QUESTIONS, contextual=True)
-    free, _ = decider.read(CONTENT_FREE_STATE, QUESTIONS)
+    reads = decider.read(STATE, QUESTIONS, contextual=True).reads
+    free = decider.read(CONTENT_FREE_STATE, QUESTIONS).reads
     for qid in QUESTIONS:
         assert reads[qid].priors[0] == pytest.approx(free[qid].masses[0], abs=1e-6)
     answer = decider.decide(STATE, QUESTIONS, calibration="contextual").answers["topic"]

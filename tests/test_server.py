@@ -1,4 +1,10 @@
-"""The HTTP server on the real embedded model, through a real uvicorn server: official SDK, every error path."""
+"""The HTTP server through a real uvicorn server: official SDK, every error path.
+
+Tests whose subject is the model's answers (the official SDK parsing real answers, zstd arrival, answer shapes
+and values, calibration, the context limit, the real prefix cache) run on the real embedded model (`server_url`,
+`real_decider`). Tests of the protocol and its error paths run on a `FakeDecider` (`fake_server_url`), which
+answers instantly: they never need the model.
+"""
 
 from __future__ import annotations
 
@@ -15,7 +21,7 @@ from typesafe_sdk._core.compression import resolve_compression
 
 from typedlm.server import ServerSettings, create_app
 
-from .conftest import ServerThread
+from .conftest import FakeDecider, ServerThread
 
 QUESTIONS = {
     "billing": {"type": "noul", "instructions": "Is this message about billing?"},
@@ -87,8 +93,11 @@ def test_the_sdk_body_really_arrives_zstd_compressed(real_decider):
     assert seen == [b"zstd"]
 
 
-def test_sdk_gets_validation_errors_as_exceptions(server_url):
-    with TypeSafeClient(api_key="k", base_url=server_url) as client, pytest.raises(TypeSafeUnprocessableEntityError):
+def test_sdk_gets_validation_errors_as_exceptions(fake_server_url):
+    with (
+        TypeSafeClient(api_key="k", base_url=fake_server_url) as client,
+        pytest.raises(TypeSafeUnprocessableEntityError),
+    ):
         client.system_one("s", {"q": {"type": "choice", "criteria": {"only": None}}})
 
 
@@ -110,40 +119,57 @@ def test_answers_keep_option_names_byte_for_byte_and_prefix_extensions(server_ur
         )
 
 
-def test_unknown_fields_are_ignored_and_auth_headers_accepted_when_auth_is_off(server_url):
-    resp = post(server_url, {**BODY, "x_future": 1, "stream": False}, headers={"authorization": "Bearer whatever"})
+def test_unknown_fields_are_ignored_and_auth_headers_accepted_when_auth_is_off(fake_server_url, fake_decider):
+    resp = post(fake_server_url, {**BODY, "x_future": 1, "stream": False}, headers={"authorization": "Bearer whatever"})
     assert resp.status_code == 200
+    assert fake_decider.calls[-1].state == BODY["state"] and set(fake_decider.calls[-1].questions) == set(QUESTIONS)
 
 
 @pytest.mark.parametrize("encoding", ["gzip", "zstd"])
-def test_compressed_bodies(server_url, encoding):
+def test_compressed_bodies(fake_server_url, fake_decider, encoding):
     raw = json.dumps(BODY).encode()
     packed = gzip.compress(raw) if encoding == "gzip" else zstd.compress(raw)
-    resp = post(server_url, content=packed, headers={"content-encoding": encoding})
+    resp = post(fake_server_url, content=packed, headers={"content-encoding": encoding})
     assert resp.status_code == 200 and set(resp.json()["answers"]) == set(QUESTIONS)
+    assert fake_decider.calls[-1].state == BODY["state"]  # decoded byte for byte
 
 
-def test_models_health_and_docs(server_url):
-    models = httpx.get(server_url + "/v1/models").json()["models"]
-    assert [m["name"] for m in models] == ["smollm2-135m-instruct", "jev-latest"]
+def test_models_health_and_docs(fake_server_url, fake_decider):
+    models = httpx.get(fake_server_url + "/v1/models").json()["models"]
+    assert [m["name"] for m in models] == [fake_decider.name, "jev-latest"]
     assert all(len(m["release_date"]) == 10 and m["description"] for m in models)
-    health = httpx.get(server_url + "/health").json()
+    health = httpx.get(fake_server_url + "/health").json()
     assert health["status"] == "ok" and health["prefix_cache"]["max_bytes"] > 0
+    assert health["model"] == fake_decider.name and health["max_queue"] == ServerSettings().max_queue
+    post(fake_server_url, BODY)
+    post(fake_server_url, BODY)  # the same state again: a (fake) prefix-cache hit
+    metrics = httpx.get(fake_server_url + "/metrics").text
+    hits = next(line for line in metrics.splitlines() if line.startswith("typedlm_prefix_cache_hits_total"))
+    assert int(hits.split()[1]) >= 1 and "typedlm_requests_pending 0" in metrics
+    for name, value in fake_decider.stats()["prefix_cache"].items():  # every counter, cumulative ones as _total
+        suffix = "_total" if name in ("hits", "partial_hits", "misses", "reused_tokens") else ""
+        assert f"typedlm_prefix_cache_{name}{suffix} {value}" in metrics.splitlines()
+    assert httpx.get(fake_server_url + "/docs").status_code == 200
+    spec = httpx.get(fake_server_url + "/openapi.json").json()
+    assert "SystemOneRequest" in spec["components"]["schemas"] and "/v1/chat/completions" in spec["paths"]
+
+
+def test_health_and_metrics_count_the_real_prefix_cache(server_url):
+    health = httpx.get(server_url + "/health").json()
+    assert health["status"] == "ok" and health["model"] == "smollm2-135m-instruct"
+    assert health["prefix_cache"]["max_bytes"] > 0
     post(server_url, BODY)
     post(server_url, BODY)  # the same state again: a prefix-cache hit
     metrics = httpx.get(server_url + "/metrics").text
     hits = next(line for line in metrics.splitlines() if line.startswith("typedlm_prefix_cache_hits_total"))
     assert int(hits.split()[1]) >= 1 and "typedlm_requests_pending 0" in metrics
-    assert httpx.get(server_url + "/docs").status_code == 200
-    spec = httpx.get(server_url + "/openapi.json").json()
-    assert "SystemOneRequest" in spec["components"]["schemas"] and "/v1/chat/completions" in spec["paths"]
 
 
 # ---------------------------------------------------------------- errors
 
 
-def test_bad_json_is_a_422_in_the_validation_shape(server_url):
-    assert_validation(post(server_url, content=b'{"state": "s", "questions": '), [28], "JSON decode error")
+def test_bad_json_is_a_422_in_the_validation_shape(fake_server_url):
+    assert_validation(post(fake_server_url, content=b'{"state": "s", "questions": '), [28], "JSON decode error")
 
 
 @pytest.mark.parametrize(
@@ -185,21 +211,24 @@ def test_bad_json_is_a_422_in_the_validation_shape(server_url):
         ([1, 2], [], "JSON object"),
     ],
 )
-def test_invalid_requests_are_422_with_location_and_message(server_url, body, loc, words):
-    assert_validation(post(server_url, body), loc, words)
+def test_invalid_requests_are_422_with_location_and_message(fake_server_url, fake_decider, body, loc, words):
+    before = len(fake_decider.calls)
+    assert_validation(post(fake_server_url, body), loc, words)
+    assert len(fake_decider.calls) == before  # refused before the model is asked
 
 
-def test_unknown_model_is_a_404_naming_the_served_models(server_url):
-    assert_error(post(server_url, {**BODY, "model": "gpt-9"}), 404, "model_not_found", "smollm2-135m-instruct")
+def test_unknown_model_is_a_404_naming_the_served_models(fake_server_url, fake_decider):
+    detail = assert_error(post(fake_server_url, {**BODY, "model": "gpt-9"}), 404, "model_not_found", fake_decider.name)
+    assert "jev-latest" in detail["message"] and "gpt-9" in detail["message"]
 
 
 def test_a_state_longer_than_the_context_is_413_naming_the_limit(server_url):
     assert_error(post(server_url, {**BODY, "state": "word " * 9000}), 413, "request_too_large", "at most 8192")
 
 
-def test_body_size_limits_hold_before_and_after_decompression(real_decider):
+def test_body_size_limits_hold_before_and_after_decompression():
     settings = ServerSettings(max_body_bytes=4096)
-    with ServerThread(create_app(real_decider, settings)) as url:
+    with ServerThread(create_app(FakeDecider(), settings)) as url:
         big = json.dumps({**BODY, "state": "x" * 5000}).encode()
         assert_error(post(url, content=big), 413, "request_too_large", "4096 bytes")
         bomb = zstd.compress(b" " * 10_000_000)  # tiny on the wire, 10 MB inflated
@@ -211,21 +240,21 @@ def test_body_size_limits_hold_before_and_after_decompression(real_decider):
         assert post(url, BODY).status_code == 200
 
 
-def test_bad_encodings(server_url):
+def test_bad_encodings(fake_server_url):
     assert_error(
-        post(server_url, content=b"not zstd", headers={"content-encoding": "zstd"}), 400, "invalid_request_error"
+        post(fake_server_url, content=b"not zstd", headers={"content-encoding": "zstd"}), 400, "invalid_request_error"
     )
     assert_error(
-        post(server_url, content=b"not gzip", headers={"content-encoding": "gzip"}), 400, "invalid_request_error"
+        post(fake_server_url, content=b"not gzip", headers={"content-encoding": "gzip"}), 400, "invalid_request_error"
     )
     assert_error(
-        post(server_url, content=b"{}", headers={"content-encoding": "br"}), 415, "unsupported_media_type", "br"
+        post(fake_server_url, content=b"{}", headers={"content-encoding": "br"}), 415, "unsupported_media_type", "br"
     )
 
 
-def test_routes_and_methods_errors_are_json(server_url):
-    assert_error(httpx.get(server_url + "/v1/systemone"), 405, "method_not_allowed")
-    assert_error(httpx.get(server_url + "/v1/nothing"), 404, "not_found")
+def test_routes_and_methods_errors_are_json(fake_server_url):
+    assert_error(httpx.get(fake_server_url + "/v1/systemone"), 405, "method_not_allowed")
+    assert_error(httpx.get(fake_server_url + "/v1/nothing"), 404, "not_found")
 
 
 @pytest.mark.parametrize(
@@ -237,42 +266,51 @@ def test_routes_and_methods_errors_are_json(server_url):
         ({"x-api-key": "key-one"}, "required"),
     ],
 )
-def test_auth_refuses_missing_and_wrong_keys(keyed_server_url, headers, words):
-    detail = assert_error(post(keyed_server_url, BODY, headers=headers), 401, "authentication_error", words)
-    assert detail
-    assert httpx.get(keyed_server_url + "/v1/models", headers=headers).status_code == 401
+def test_auth_refuses_missing_and_wrong_keys(fake_keyed_server_url, headers, words):
+    resp = post(fake_keyed_server_url, BODY, headers=headers)
+    detail = assert_error(resp, 401, "authentication_error", words)
+    assert detail and resp.headers["www-authenticate"] == "Bearer"
+    assert httpx.get(fake_keyed_server_url + "/v1/models", headers=headers).status_code == 401
 
 
 @pytest.mark.parametrize("key", ["key-one", "key-two"])
-def test_auth_accepts_every_configured_key(keyed_server_url, key):
-    assert post(keyed_server_url, BODY, headers={"authorization": f"Bearer {key}"}).status_code == 200
-    with TypeSafeClient(api_key=key, base_url=keyed_server_url) as client:
+def test_auth_accepts_every_configured_key(fake_keyed_server_url, key):
+    assert post(fake_keyed_server_url, BODY, headers={"authorization": f"Bearer {key}"}).status_code == 200
+    with TypeSafeClient(api_key=key, base_url=fake_keyed_server_url) as client:
         assert client.models.list().models
 
 
-def test_a_full_queue_gets_503_with_retry_after_and_the_running_request_finishes(real_decider):
+def test_a_full_queue_gets_503_with_retry_after_and_the_running_request_finishes():
     settings = ServerSettings(max_queue=1, retry_after_s=2)
-    slow = {**BODY, "state": "The customer wrote a long letter about many things. " * 300}  # ~3k tokens
-    with ServerThread(create_app(real_decider, settings)) as url:
+    gate = threading.Event()  # the first request's (fake) model pass runs until the gate opens
+    decider = FakeDecider(gate=gate)
+    with ServerThread(create_app(decider, settings)) as url:
         results = {}
-        first = threading.Thread(target=lambda: results.setdefault("first", post(url, slow)))
+        first = threading.Thread(target=lambda: results.setdefault("first", post(url, BODY)))
         first.start()
-        deadline = time.monotonic() + 30
-        while httpx.get(url + "/health").json()["pending"] < 1:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
-        busy = post(url, BODY)
-        first.join(timeout=300)
+        try:
+            deadline = time.monotonic() + 30
+            while httpx.get(url + "/health").json()["pending"] < 1:
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            busy = post(url, BODY)
+        finally:
+            gate.set()
+        first.join(timeout=60)
     assert_error(busy, 503, "overloaded", "busy")
     assert busy.headers["retry-after"] == "2"
     assert results["first"].status_code == 200
+    assert len(decider.calls) == 1  # the refused request never reached the model
 
 
-def test_a_request_over_its_timeout_gets_504(real_decider):
+def test_a_request_over_its_timeout_gets_504():
     settings = ServerSettings(request_timeout_s=0.05)
-    slow = {**BODY, "state": "A long letter. " * 500}
-    with ServerThread(create_app(real_decider, settings)) as url:
-        assert_error(post(url, slow), 504, "timeout", "0.05 s")
+    gate = threading.Event()  # the (fake) model pass outlasts the timeout until the gate opens
+    with ServerThread(create_app(FakeDecider(gate=gate), settings)) as url:
+        try:
+            assert_error(post(url, BODY), 504, "timeout", "0.05 s")
+        finally:
+            gate.set()
 
 
 def test_calibration_and_order_reads_per_request(server_url):

@@ -71,9 +71,9 @@ class Engine:
         """Run the body over `ids` after `base`; returns the cache and its length. No LM head."""
         return self.eager.prefill(ids, base)
 
-    def score(self, kv_cache, prefix_len: int, items: Sequence[PackedItem]) -> list[list[float]]:
+    def score_suffixes(self, kv_cache, prefix_len: int, items: Sequence[PackedItem]) -> list[list[float]]:
         """Every item's group masses from ONE forward over a cache of exactly `prefix_len` tokens (see `forwards`)."""
-        return self.eager.score(kv_cache, prefix_len, items)
+        return self.eager.score_suffixes(kv_cache, prefix_len, items)
 
     @staticmethod
     def snapshot(kv_cache, length: int) -> PrefixKV:

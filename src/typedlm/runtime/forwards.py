@@ -92,7 +92,7 @@ class EagerBody:
         return masks
 
     @torch.inference_mode()
-    def score(self, kv_cache, prefix_len: int, items: Sequence[PackedItem]) -> list[list[float]]:
+    def score_suffixes(self, kv_cache, prefix_len: int, items: Sequence[PackedItem]) -> list[list[float]]:
         """Total probability mass of each answer group of each item, from ONE forward over the packed items.
 
         The cache must hold exactly `prefix_len` tokens; it is extended by the packed rows and should
@@ -105,7 +105,7 @@ class EagerBody:
         position_ids = torch.from_numpy(batch.position_ids).to(self.device)[None]
         plan = self.plan(batch, prefix_len) if self.cascade else None
         hidden = hf.run_body(self.body, input_ids, position_ids, kv_cache, plan, self.masks(batch))
-        return self.head.read(batch, hidden[0])
+        return self.head.masses(batch, hidden[0])
 
 
 class TwoForwards:
@@ -117,7 +117,7 @@ class TwoForwards:
     @torch.inference_mode()
     def run(self, ids, items, base, keep_prefix):
         kv_cache, prefix_len = self.eager.prefill(ids, base)
-        masses = self.eager.score(kv_cache, prefix_len, items)
+        masses = self.eager.score_suffixes(kv_cache, prefix_len, items)
         return masses, snapshot(kv_cache, prefix_len) if keep_prefix else None
 
 
@@ -141,7 +141,7 @@ class OneForward:
         positions = [*range(start, prefix_len), *batch.position_ids.tolist()]
         position_ids = torch.tensor([positions], device=eager.device)
         hidden = hf.run_body(eager.body, input_ids, position_ids, kv_cache, plan, eager.no_masks)
-        masses = eager.head.read(batch, hidden[0, len(ids) :])
+        masses = eager.head.masses(batch, hidden[0, len(ids) :])
         return masses, snapshot(kv_cache, prefix_len) if keep_prefix else None
 
 

@@ -51,7 +51,7 @@ class LMHead:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return torch.log_softmax(logits, dim=-1)
 
-    def read(self, batch: PackedBatch, hidden: torch.Tensor) -> list[list[float]]:
+    def masses(self, batch: PackedBatch, hidden: torch.Tensor) -> list[list[float]]:
         """Group masses per item from the packed rows' hidden states [N, D]: only read rows meet the head."""
         hidden = hidden[torch.tensor(batch.read_rows, device=self.device)]  # [R, D]
         logprobs = self.logprobs(hidden)  # [R, V]
