@@ -31,14 +31,15 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from latency import make_questions, make_state, random_qwen3_06b
 
+from typedlm.core.options import EngineOptions
 from typedlm.decide.decider import Decider
-from typedlm.runtime.patching import unfuse_rope
 from typedlm.runtime.models import load_model
+from typedlm.runtime.patching import unfuse_rope
 
 VARIANTS = {  # captured in this order: `own` before anything is swapped
-    "own": dict(fused_kernels=False),
-    "fused": dict(attention_kernel=False),
-    "attention": dict(attention_kernel=True),
+    "own": EngineOptions(fused_kernels=False),
+    "fused": EngineOptions(attention_kernel=False),
+    "attention": EngineOptions(attention_kernel=True),
 }
 
 
@@ -117,15 +118,15 @@ def main() -> None:
     deciders, slots, work = {}, {}, {}
     for name, options in VARIANTS.items():
         model = own_copy if name == "own" else loaded
-        decider = deciders[name] = Decider(model, prefix_cache_bytes=0, calibration="raw", **options)
-        print(f"{name}: {decider.engine.fusion or 'the model own kernels'}")
+        decider = deciders[name] = Decider(model, prefix_cache_bytes=0, calibration="raw", engine=options)
+        print(f"{name}: {decider.features.fusion or 'the model own kernels'}")
         for q in args.questions:
             questions = work.setdefault(q, make_questions(q))
             states = [make_state(decider, args.prefix_tokens, v) for v in range(3)]
             for state in states:
                 decider.decide(state, questions)
-            slots[name, q] = next(reversed(decider.engine.runner.slots.values()))
-    assert deciders["fused"].engine.fusion is not None, "liger-kernel is not installed: pip install 'typedlm[cuda]'"
+            slots[name, q] = next(reversed(decider.engine.forward.runner.slots.values()))
+    assert deciders["fused"].features.fusion is not None, "liger-kernel is not installed: pip install 'typedlm[cuda]'"
     rows = []
     for q, questions in work.items():
         states = [make_state(deciders["own"], args.prefix_tokens, v) for v in range(3)]
@@ -161,7 +162,7 @@ def main() -> None:
         "model": deciders["own"].name,
         "dtype": args.dtype,
         "torch": torch.__version__,
-        "fused_kernels": str(deciders["fused"].engine.fusion),
+        "fused_kernels": str(deciders["fused"].features.fusion),
         "rounds": args.rounds,
         "repeats": args.repeats,
         "rows": rows,

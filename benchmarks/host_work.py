@@ -27,9 +27,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 from latency import make_questions, make_state
 
 from typedlm.runtime.graphs import Shape, Slot
-from typedlm.text.labels import Labeler
 from typedlm.runtime.models import converted_gguf, embedded_gguf_path
 from typedlm.runtime.packing import PackedItem, pack
+from typedlm.text.labels import Labeler
 from typedlm.text.prompt import ChatLayout
 
 

@@ -34,12 +34,13 @@ from datetime import date
 from pathlib import Path
 
 import torch
-from transformers import DynamicCache
 
+from typedlm.core.options import EngineOptions
+from typedlm.core.questions import NoulQuestion
 from typedlm.decide.decider import Decider
+from typedlm.runtime import hf
 from typedlm.runtime.models import LoadedModel, load_model
 from typedlm.text.prompt import QUESTION_LEAD, question_block
-from typedlm.core.questions import NoulQuestion
 
 TOPICS = [
     "a refund", "a late delivery", "a broken screen", "a discount code", "the warranty", "a second charge",
@@ -88,16 +89,19 @@ def serial(decider: Decider, state: str, questions: dict) -> int:
     """Prefill the document, then each question on the cache, rewinding it after each (and checking the rewind)."""
     prompt = decider.layout.tokenize(state, list(questions.values()))
     engine = decider.engine
-    cache = DynamicCache()
-    kwargs = {engine.cache_kwarg: cache, "use_cache": True}
+    body, device = engine.eager.body, engine.device
+    cache = hf.new_cache()
+
+    def positions(start: int, n: int) -> torch.Tensor:
+        return torch.arange(start, start + n, device=device)[None]
+
     with torch.inference_mode():
-        engine.body(input_ids=torch.tensor([prompt.prefix_ids], device=engine.device), **kwargs)
-        p = cache.get_seq_length()
+        p = len(prompt.prefix_ids)
+        hf.run_body(body, torch.tensor([prompt.prefix_ids], device=device), positions(0, p), cache)
         for suffix in prompt.suffix_ids:
-            out = engine.body(input_ids=torch.tensor([suffix], device=engine.device), **kwargs)
-            engine._log_softmax_head(out.last_hidden_state[0, -1:])
-            cache.crop(-len(suffix))  # a negative crop works on transformers 5.17 and 5.2x
-            assert cache.get_seq_length() == p, "a short rewind would let the next question see this one"
+            hidden = hf.run_body(body, torch.tensor([suffix], device=device), positions(p, len(suffix)), cache)
+            engine.head.logprobs(hidden[0, -1:])
+            assert hf.rewind(cache, len(suffix)) == p, "a short rewind would let the next question see this one"
     return p + sum(len(s) for s in prompt.suffix_ids)
 
 
@@ -254,7 +258,7 @@ def main() -> None:
         "generate": generate,
     }
     if args.device.startswith("cuda"):  # the same one-forward readout without CUDA graphs, side by side
-        eager = Decider(loaded, prefix_cache_bytes=0, cuda_graphs=False, calibration="raw")
+        eager = Decider(loaded, prefix_cache_bytes=0, engine=EngineOptions(cuda_graphs=False), calibration="raw")
         strategies["typedlm_eager"] = lambda _d, state, qs: typedlm(eager, state, qs)
     peers_wanted = args.strategies is None or not set(args.strategies) <= set(strategies)
     if peers_wanted and args.model is None:
@@ -323,8 +327,8 @@ def main() -> None:
         "dtype": dtype,
         "repeats": args.repeats,
         "torch": torch.__version__,
-        "fused_kernels": str(decider.engine.fusion) if decider.engine.fusion else None,
-        "attention_kernel": bool(decider.engine.runner and decider.engine.runner.attention_kernel),
+        "fused_kernels": str(decider.features.fusion) if decider.features.fusion else None,
+        "attention_kernel": decider.features.attention_kernel,
         "model_mb": round(sum(t.numel() * t.element_size() for t in loaded.model.parameters()) / 2**20, 1),
     }
     report = {**meta, "rows": rows, "fits": fits}

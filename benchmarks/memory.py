@@ -19,6 +19,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from latency import make_questions, make_state, random_qwen3_06b
 
+from typedlm.core.options import EngineOptions
 from typedlm.decide.decider import Decider
 from typedlm.runtime.models import load_model
 
@@ -41,12 +42,13 @@ def main() -> None:
         loaded = load_model(args.model, args.device, args.dtype)
     weights = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
-    decider = Decider(loaded, prefix_cache_bytes=0, cuda_graphs=None if args.cuda_graphs else False, calibration="raw")
+    options = EngineOptions(cuda_graphs=None if args.cuda_graphs else False)
+    decider = Decider(loaded, prefix_cache_bytes=0, engine=options, calibration="raw")
     state, questions = make_state(decider, args.prefix_tokens), make_questions(args.questions)
     for variant in range(4):  # different documents of the same size: the same graph, replayed
         decider.decide(make_state(decider, args.prefix_tokens, variant), questions)
     torch.cuda.synchronize()
-    runner = decider.engine.runner
+    runner = getattr(decider.engine.forward, "runner", None)  # the static forward's
     mb = lambda n: round(n / 2**20, 1)  # noqa: E731
     report = {
         "benchmark": "memory",
@@ -56,8 +58,8 @@ def main() -> None:
         "questions": args.questions,
         "prefix_tokens": len(decider.layout.tokenize(state, list(questions.values())).prefix_ids),
         "cuda_graphs": runner is not None,
-        "fused_kernels": str(decider.engine.fusion) if decider.engine.fusion else None,
-        "attention_kernel": bool(decider.engine.runner and decider.engine.runner.attention_kernel),
+        "fused_kernels": str(decider.features.fusion) if decider.features.fusion else None,
+        "attention_kernel": decider.features.attention_kernel,
         "weights_mb": mb(weights),
         "kv_buffer_mb": mb(runner.kv.numel() * runner.kv.element_size()) if runner else 0.0,
         "peak_allocated_mb": mb(torch.cuda.max_memory_allocated()),

@@ -25,9 +25,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from latency import make_state, random_qwen3_06b
 
+from typedlm.core.questions import ChoiceQuestion, ScoreQuestion
 from typedlm.decide.decider import Decider
 from typedlm.runtime.models import load_model
-from typedlm.core.questions import ChoiceQuestion, ScoreQuestion
 
 RESULTS = Path(__file__).parent / "results"
 TOPICS = ("billing", "shipping", "returns", "account access", "product quality", "other")

@@ -29,9 +29,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from latency import make_questions, make_state, random_qwen3_06b
 
-from typedlm.runtime import engine as engine_module
-from typedlm.runtime import graphs
+from typedlm.core.options import EngineOptions
 from typedlm.decide.decider import Decider
+from typedlm.runtime import forwards, graphs
 from typedlm.runtime.models import load_model
 
 NOTES: list[tuple[str, float]] = []
@@ -79,7 +79,7 @@ def graph_times(slot, device: str, repeats: int) -> dict[str, float]:
 
 def without_forward(runner) -> None:
     """Replace the runner's forward by the output each shape gave first (the host work stays as it is)."""
-    forward, outputs = runner._forward, {}
+    forward, outputs = runner.forward, {}
 
     def remembered(slot):
         if slot.shape not in outputs:
@@ -87,7 +87,7 @@ def without_forward(runner) -> None:
         return outputs[slot.shape]
 
     runner.capture = False  # the static path, eagerly: no graph replays a forward that no longer runs
-    runner._forward = remembered
+    runner.forward = remembered
 
 
 def main() -> None:
@@ -107,15 +107,15 @@ def main() -> None:
     else:
         loaded = load_model(args.model, args.device, args.dtype)
     # as latency.py's typedlm: the document prefilled each time
-    decider = Decider(loaded, prefix_cache_bytes=0, cuda_graphs=True if args.no_forward else None)
+    decider = Decider(loaded, prefix_cache_bytes=0, engine=EngineOptions(cuda_graphs=True if args.no_forward else None))
     cuda = args.device.startswith("cuda")
     sync = (lambda: torch.cuda.synchronize(args.device)) if cuda else (lambda: None)
     timed_steps(decider.layout, "tokenize", "tokenize")
     timed_steps(decider.prefix_cache, "lookup", "lookup")
-    timed_steps(engine_module, "pack", "pack")
+    timed_steps(forwards, "pack", "pack")
     timed_steps(graphs.Slot, "fill", "fill")
     timed_steps(torch.cuda.CUDAGraph, "replay", "replay")
-    timed_steps(engine_module.Engine, "_masses", "masses", static=True)
+    timed_steps(forwards, "group_masses", "masses")
     timed_steps(Decider, "_content_free", "priors")
     report = {
         "benchmark": "request_steps",
@@ -123,7 +123,7 @@ def main() -> None:
         "model": loaded.name,
         "dtype": str(next(loaded.model.parameters()).dtype).removeprefix("torch."),
         "torch": torch.__version__,
-        "kernels": str(decider.engine.fusion or "the model's own"),
+        "kernels": str(decider.features.fusion or "the model's own"),
         "calibration": decider.calibration,
         "repeats": args.repeats,
         "rows": [],
@@ -135,10 +135,10 @@ def main() -> None:
         for state in states:
             decider.decide(state, questions)
         if args.no_forward:
-            without_forward(decider.engine.runner)
+            without_forward(decider.engine.forward.runner)
         sync()
         row: dict = {"questions": q}
-        runner = decider.engine.runner
+        runner = getattr(decider.engine.forward, "runner", None)  # the static forward's
         if cuda and runner is not None and runner.slots:
             row.update(graph_times(next(reversed(runner.slots.values())), args.device, args.repeats))
         steps: dict[str, list[float]] = {}

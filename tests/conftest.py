@@ -7,9 +7,11 @@ the packed one-pass readout with an independent full forward per question (see `
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
+from typing import Any, NamedTuple
 
 import pytest
 import torch
@@ -137,9 +139,6 @@ def keyed_server_url(real_decider):
 
 
 # ---------------------------------------------------------------- a fake decider, for the HTTP layer's own tests
-
-import json  # noqa: E402  (added below the original fixtures on purpose)
-from typing import Any, NamedTuple  # noqa: E402
 
 
 class FakeCall(NamedTuple):

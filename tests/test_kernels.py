@@ -188,8 +188,8 @@ def test_gate_and_up_stay_apart_once_graphs_were_captured(ids):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("shape", [(2, 5, 1024), (1, 7, 16, 128), (3, 96)])  # hidden, per head, not a power of two
 def test_rms_norm_kernel_equals_the_reference(shape, dtype):
-    from typedlm.ops.triton_ops import rms_norm
     from typedlm.ops.fused import _reference_rms_norm
+    from typedlm.ops.triton_ops import rms_norm
 
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(shape, generator=generator).to(dtype).to(DEVICE)
@@ -202,8 +202,8 @@ def test_rms_norm_kernel_equals_the_reference(shape, dtype):
 @needs_triton
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rms_norm_kernel_reads_heads_of_a_joined_product_in_place(dtype):
-    from typedlm.ops.triton_ops import rms_norm
     from typedlm.ops.fused import _reference_rms_norm
+    from typedlm.ops.triton_ops import rms_norm
 
     generator = torch.Generator().manual_seed(0)
     joined = torch.randn(1, 7, (4 + 2 + 2) * 128, generator=generator).to(dtype).to(DEVICE)  # q, k, v heads

@@ -145,6 +145,13 @@ def cache_length(kv_cache: DynamicCache) -> int:
     return kv_cache.get_seq_length()
 
 
+def rewind(kv_cache: DynamicCache, tokens: int) -> int:
+    """Drop the cache's last `tokens` tokens (a negative crop works on transformers 5.17 and 5.2x); returns the
+    length left, which the caller should check: a cache that cannot be trimmed keeps its tokens."""
+    kv_cache.crop(-tokens)
+    return kv_cache.get_seq_length()
+
+
 @cache
 def _cache_keyword(forward: Callable) -> str:
     return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
