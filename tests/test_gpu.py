@@ -121,11 +121,11 @@ def test_fused_kernels_agree_with_the_models_own(dtype, tokenizer):
         engine=EngineOptions(fused_kernels=False, cuda_graphs=False),
         calibration="raw",
     )
-    assert own.engine.fusion is None
+    assert own.features.fusion is None
     want = own.decide(state, QUESTIONS).answers  # before fusing: the rotary swap is process-wide
     try:
         fused = Decider(LoadedModel(model, tokenizer, "tiny"), calibration="raw")
-        report = fused.engine.fusion
+        report = fused.features.fusion
         assert report is not None and report.norms > 0 and report.mlps > 0 and report.rope and not report.kept
         got = fused.decide(state, QUESTIONS).answers
     finally:
