@@ -154,9 +154,10 @@ def _read_body(path: str | None) -> object:
 
 def ask(args: argparse.Namespace) -> int:
     from typedlm.core.questions import parse_request
+
+    request = parse_request(_read_body(args.file))  # validate before the (slow) model load and torch's import
     from typedlm.decide.decider import Decider
 
-    request = parse_request(_read_body(args.file))  # validate before the (slow) model load
     decider = Decider.load(args.model, args.device, args.dtype, **_calibration_kwargs(args))
     response = decider.decide(request.state, request.questions, request.calibration, request.order_reads)
     json.dump(response.to_wire(), sys.stdout, indent=args.indent or None, ensure_ascii=False)
