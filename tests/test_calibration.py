@@ -147,3 +147,66 @@ def test_platt_never_reverses_the_models_evidence():
     gold = [False, True] * 50
     a, b = fit_platt(probs, gold)
     assert a == pytest.approx(0.0, abs=1e-6) and 1 / (1 + math.exp(-b)) == pytest.approx(0.5, abs=1e-3)
+
+
+# ---------------------------------------------------------------- the feature calibrator
+
+
+def test_feature_scaling_by_hand():
+    from typedlm.decide.calibration import CALIBRATOR_FEATURES, calibrator_features, feature_scaled
+
+    probs = [0.5, 0.25, 0.25]
+    phi = calibrator_features(probs, raw_mass=0.5, disagreement=1 / 3)
+    entropy = -(0.5 * math.log(0.5) + 0.5 * math.log(0.25)) / math.log(3)
+    assert phi == pytest.approx([1.0, math.log(0.5), entropy, math.log(3), 1 / 3])
+    assert len(phi) == len(CALIBRATOR_FEATURES)
+    zero = {"weights": [0.0] * len(phi)}
+    assert feature_scaled("choice", probs, zero, phi) == pytest.approx(probs)  # T = 1
+    halve = {"weights": [-math.log(2), 0, 0, 0, 0]}  # T = 1/2: squares, renormalised
+    assert feature_scaled("choice", probs, halve, phi) == pytest.approx(np.array([4, 1, 1]) / 6)
+    by_mass = {"weights": [0, -1.0, 0, 0, 0]}  # log T = -log m: T = 2 at raw mass 0.5
+    assert feature_scaled("score", probs, by_mass, phi) == pytest.approx(tempered(probs, 2.0))
+    yes = {"weights": [0.0] * 5, "bias": math.log(3)}  # odds 1:1 → 3:1
+    assert feature_scaled("noul", [0.5, 0.5], yes, calibrator_features([0.5, 0.5], 1.0, 0.0)) == pytest.approx(
+        [0.75, 0.25]
+    )
+
+
+def test_fitting_the_calibrator_recovers_a_temperature_that_depends_on_raw_mass():
+    from typedlm.decide.calibration import calibrator_features
+    from typedlm.offline.fitting import fit_calibrator
+
+    # answers whose base probabilities are overconfident by T = 1 / raw mass: a model that is sure when the
+    # answer format lands (mass near 1) and guesses when it does not
+    rng = np.random.default_rng(0)
+    probs, features, gold = [], [], []
+    for _ in range(3000):
+        mass = float(rng.uniform(0.2, 1.0))
+        true = rng.dirichlet(np.ones(4))
+        base = tempered(true, mass)  # sharper than the truth by 1 / mass
+        probs.append(base)
+        features.append(calibrator_features(base, mass, 0.0))
+        gold.append(int(rng.choice(4, p=true)))
+    params = fit_calibrator("choice", probs, features, gold)
+    assert params["weights"][1] == pytest.approx(-1.0, abs=0.25), params  # log T = -log m
+    assert "bias" not in params
+
+
+def test_a_file_with_a_calibrator_round_trips_and_older_files_still_load(tmp_path):
+    import json
+
+    file = CalibrationFile(
+        "m", "f" * 16, "1", "contextual", {}, calibrator={"noul": {"weights": [0.1] * 5, "bias": 0.2}}
+    )
+    file.save(tmp_path / "c.json")
+    assert json.loads((tmp_path / "c.json").read_text())["format"] == "typedlm-calibration/2"
+    assert CalibrationFile.load(tmp_path / "c.json") == file
+    old = json.loads((tmp_path / "c.json").read_text())
+    old["format"] = "typedlm-calibration/1"
+    del old["calibrator"]
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    assert CalibrationFile.load(tmp_path / "old.json").calibrator == {}
+    assert file.uses_calibrator("noul", None) and not file.uses_calibrator("choice", None)
+    with_own = CalibrationFile("m", "f" * 16, "1", "raw", {}, questions={"abc": {"kind": "noul", "a": 1, "b": 0}},
+                               calibrator=file.calibrator)  # fmt: skip
+    assert not with_own.uses_calibrator("noul", "abc"), "a question's own parameters come first"

@@ -91,3 +91,26 @@ def test_fingerprint_ignores_dtype_but_not_weights(decider, tokenizer):
     assert model_fingerprint(model) == decider.fingerprint
     assert model_fingerprint(model.to(torch.bfloat16)) == decider.fingerprint
     assert model_fingerprint(tiny_model("qwen3", len(tokenizer), seed=6)) != decider.fingerprint
+
+
+def test_a_files_calibrator_reads_the_averaged_base_probabilities(decider, tokenizer):
+    from typedlm.decide.calibration import calibrator_features, combine, feature_scaled
+
+    calibrator = {
+        "choice": {"weights": [0.3, -0.5, 0.2, 0.1, 0.4]},
+        "noul": {"weights": [0.1, 0.0, 0.0, 0.0, 0.0], "bias": -0.3},
+    }
+    file = CalibrationFile("tiny", decider.fingerprint, PROMPT_VERSION, "contextual", {}, calibrator=calibrator)
+    reads = decider.read(STATE, QUESTIONS, order_reads=3, contextual=True).reads
+    for qid in ("topic", "late"):
+        r = reads[qid]
+        base, _, agreement = combine([contextual(m, p) for m, p in zip(r.masses, r.priors, strict=True)])
+        mass = sum(min(1.0, sum(m)) for m in r.masses) / len(r.masses)
+        want = feature_scaled(r.kind, base, calibrator[r.kind], calibrator_features(base, mass, 1 - agreement))
+        answer = decider.answer(QUESTIONS[qid], r, "fitted", file)
+        got = [answer.p_yes, 1 - answer.p_yes] if qid == "late" else list(answer.probabilities.values())
+        assert got == pytest.approx(want, abs=1e-12), qid
+    # a kind without a calibrator keeps its base probabilities (the file has no score parameters either)
+    score = decider.answer(QUESTIONS["urgency"], reads["urgency"], "fitted", file)
+    base, _, _ = combine([contextual(m, p) for m, p in zip(reads["urgency"].masses, reads["urgency"].priors)])
+    assert list(score.probabilities) == pytest.approx(base, abs=1e-12)

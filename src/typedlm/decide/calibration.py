@@ -41,7 +41,8 @@ from typedlm.core.questions import Question
 from typedlm.text.prompt import question_block
 
 DEFAULT_CALIBRATION = "contextual"  # without a file: as good as raw or better on every held-out set (docs)
-FORMAT = "typedlm-calibration/1"
+FORMAT = "typedlm-calibration/2"  # 2 added the feature calibrator; files of format 1 still load
+READABLE_FORMATS = ("typedlm-calibration/1", FORMAT)
 FLOOR = 1e-12  # probabilities are clipped here before logarithms
 
 
@@ -80,6 +81,33 @@ def tempered(probs: Sequence[float], temperature: float, bias: Sequence[float] |
     return normalised(np.exp(logits).tolist())
 
 
+# The feature calibrator: one temperature per answer, chosen from what the readout itself shows, so that it carries
+# over to questions nobody labeled. p ∝ p_base^(1/T)·e^(b·[answer is yes]) with log T = w·φ, φ below.
+CALIBRATOR_FEATURES = ("bias", "log_raw_mass", "entropy", "log_answers", "disagreement")
+LOG_T_BOUNDS = (-3.0, 6.0)  # T in [0.05, 400]: from sharpening to all but uniform
+
+
+def calibrator_features(probs: Sequence[float], raw_mass: float, disagreement: float) -> list[float]:
+    """φ of one answer: 1, log raw mass, the base probabilities' entropy over its maximum, log of the number of
+    answers, and the share of order reads that disagree with the combined top answer (0 with one read)."""
+    n = len(probs)
+    entropy = -sum(p * math.log(p) for p in probs if p > 0) / math.log(n)
+    return [1.0, math.log(max(raw_mass, FLOOR)), entropy, math.log(n), disagreement]
+
+
+def feature_scaled(kind: str, probs: Sequence[float], params: dict[str, Any], features: Sequence[float]) -> list[float]:
+    """The base probabilities at the temperature the features give (see `CALIBRATOR_FEATURES`); for noul a bias
+    on yes too. The top answer never changes for choice and score."""
+    log_t = min(
+        max(sum(w * x for w, x in zip(params["weights"], features, strict=True)), LOG_T_BOUNDS[0]), LOG_T_BOUNDS[1]
+    )
+    logits = [math.log(max(p, FLOOR)) / math.exp(log_t) for p in probs]
+    if kind == "noul":
+        logits[0] += params.get("bias", 0.0)
+    top = max(logits)
+    return normalised([math.exp(x - top) for x in logits])
+
+
 def _scaled(params: dict[str, Any], kind: str, probs: Sequence[float]) -> list[float]:
     if kind == "noul":
         return platt(probs, params["a"], params["b"])
@@ -97,6 +125,16 @@ class CalibrationFile:
     params: dict[str, dict[str, float]]  # "noul": {"a", "b"}; "choice"/"score": {"temperature"}
     data: dict[str, Any] = field(default_factory=dict)  # which sets, split, seed, counts
     questions: dict[str, dict[str, Any]] = field(default_factory=dict)  # signature → {"kind", "n", params}
+    calibrator: dict[str, dict[str, Any]] = field(default_factory=dict)  # kind → {"weights", "bias"} (see above)
+
+    def uses_calibrator(self, kind: str, question: str | None) -> bool:
+        """Whether an answer of `kind` goes through the feature calibrator: the file has one for its kind and no
+        parameters of the question's own."""
+        return kind in self.calibrator and not (question and question in self.questions)
+
+    def calibrate(self, kind: str, probs: Sequence[float], raw_mass: float, disagreement: float) -> list[float]:
+        """The feature calibrator on an answer's base probabilities (its reads calibrated by `base`, averaged)."""
+        return feature_scaled(kind, probs, self.calibrator[kind], calibrator_features(probs, raw_mass, disagreement))
 
     def apply(self, kind: str, probs: Sequence[float], question: str | None = None) -> list[float]:
         """Calibrated probabilities: the question's own parameters (by signature) if known, else its type's."""
@@ -129,6 +167,7 @@ class CalibrationFile:
             "params": self.params,
             "data": self.data,
             "questions": self.questions,
+            "calibrator": self.calibrator,
         }
 
     def save(self, path: str | Path) -> None:
@@ -140,7 +179,7 @@ class CalibrationFile:
             obj = json.loads(Path(path).read_text(encoding="utf-8"))
         except (OSError, json.JSONDecodeError) as exc:
             raise ModelError(f"cannot read calibration file {path}: {exc}") from exc
-        if not isinstance(obj, dict) or obj.get("format") != FORMAT:
+        if not isinstance(obj, dict) or obj.get("format") not in READABLE_FORMATS:
             raise ModelError(f"{path} is not a typedlm calibration file (format {FORMAT})")
         if obj.get("base") not in ("raw", "contextual"):
             raise ModelError(f"{path}: base must be raw or contextual")
@@ -153,6 +192,7 @@ class CalibrationFile:
                 obj["params"],
                 obj.get("data", {}),
                 obj.get("questions", {}),
+                obj.get("calibrator", {}),
             )
         except KeyError as exc:
             raise ModelError(f"{path} lacks {exc}") from exc

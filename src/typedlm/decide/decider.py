@@ -217,15 +217,21 @@ class Decider:
         """
         fitted = fitted or self.calibration_file
         key = signature(question) if method == "fitted" and fitted is not None and fitted.questions else None
+        # a file's feature calibrator reads the combined reads: each read is then calibrated by its base only
+        calibrator = method == "fitted" and fitted is not None and fitted.uses_calibrator(reads.kind, key)
+        read_method = fitted.base if calibrator else method
         priors = reads.priors or [None] * len(reads.masses)
+        agreement = 1.0
         if len(reads.masses) == 1:  # one read (every noul question; the default): its calibration is the answer
-            probs = calibrate_read(reads.kind, reads.masses[0], method, priors[0], fitted, key)
+            probs = calibrate_read(reads.kind, reads.masses[0], read_method, priors[0], fitted, key)
             mass, extras = raw_mass(reads.masses[0]), {}
         else:
-            each = [calibrate_read(reads.kind, m, method, p, fitted, key) for m, p in zip(reads.masses, priors)]
+            each = [calibrate_read(reads.kind, m, read_method, p, fitted, key) for m, p in zip(reads.masses, priors)]
             probs, stderr, agreement = combine(each)
             mass = sum(map(raw_mass, reads.masses)) / len(reads.masses)
             extras = {"stderr": stderr, "agreement": agreement, "reads": len(each)}
+        if calibrator:
+            probs = fitted.calibrate(reads.kind, probs, mass, 1.0 - agreement)
         return question.answer(probs, mass, extras)
 
     def decide(

@@ -14,11 +14,21 @@ from typing import Any
 import numpy as np
 
 from typedlm.core.questions import YES, parse_questions, parse_state
-from typedlm.decide.calibration import FLOOR, CalibrationFile, calibrate_read, signature, tempered
+from typedlm.decide.calibration import (
+    CALIBRATOR_FEATURES,
+    FLOOR,
+    LOG_T_BOUNDS,
+    CalibrationFile,
+    calibrate_read,
+    calibrator_features,
+    signature,
+    tempered,
+)
 from typedlm.offline.evaldata import Example
 from typedlm.text.prompt import PROMPT_VERSION
 
 MIN_QUESTION_EXAMPLES = 30  # training answers a question needs for parameters of its own
+CALIBRATOR_PENALTY = 1e-2  # L2 on the feature calibrator's weights (not its constant): small data, many sets
 BIAS_PENALTY = 1e-3  # L2 on per-option biases: an option never right in training is not pushed to −∞
 
 
@@ -127,3 +137,48 @@ def _fit(kind: str, probs: Sequence, gold: Sequence[int], per_question: bool) ->
         temperature, bias = fit_scaling(probs, gold)
         return {"temperature": temperature, "bias": bias}
     return {"temperature": fit_temperature(probs, gold)}
+
+
+def fit_calibrator(
+    kind: str, probs: Sequence[Sequence[float]], features: Sequence[Sequence[float]], gold: Sequence[int]
+) -> dict[str, Any]:
+    """The feature calibrator of one question kind (see `calibration.feature_scaled`): the weights w of
+    log T = w·φ, and for noul a bias on yes, minimising the NLL of `gold` with a light L2 on w (not its constant)."""
+    from scipy.optimize import minimize
+
+    width = max(len(p) for p in probs)
+    logp = np.full((len(probs), width), -np.inf)  # [N, n_max]: answers past a row's own count never exist
+    for i, p in enumerate(probs):
+        logp[i, : len(p)] = np.log(np.maximum(np.asarray(p, dtype=np.float64), FLOOR))
+    phi, gold_index, rows = np.asarray(features, dtype=np.float64), np.asarray(gold), np.arange(len(probs))
+    dims = len(CALIBRATOR_FEATURES)
+    noul = kind == "noul"
+
+    def loss(x: np.ndarray) -> float:
+        log_t = np.clip(phi @ x[:dims], *LOG_T_BOUNDS)  # [N]
+        logits = logp / np.exp(log_t)[:, None]
+        if noul:
+            logits[:, 0] += x[dims]
+        nll = np.logaddexp.reduce(logits, axis=1) - logits[rows, gold_index]
+        return float(nll.mean() + CALIBRATOR_PENALTY * (x[1:dims] ** 2).sum())
+
+    result = minimize(loss, np.zeros(dims + noul), method="L-BFGS-B")
+    params: dict[str, Any] = {"weights": [float(w) for w in result.x[:dims]]}
+    if noul:
+        params["bias"] = float(result.x[dims])
+    return params
+
+
+def fit_calibrators(answers: Sequence[tuple[str, Sequence[float], float, float, int]]) -> dict[str, dict[str, Any]]:
+    """Feature calibrators per kind from answers (kind, base probabilities, raw mass, disagreement, gold)."""
+    out = {}
+    for kind in ("noul", "choice", "score"):
+        mine = [a for a in answers if a[0] == kind]
+        if mine:
+            out[kind] = fit_calibrator(
+                kind,
+                [a[1] for a in mine],
+                [calibrator_features(a[1], a[2], a[3]) for a in mine],
+                [a[4] for a in mine],
+            )
+    return out

@@ -1,0 +1,56 @@
+"""Leave-one-set-out: how a calibration fitted on some labeled sets does on a set it has never seen.
+
+For each set S: the feature calibrator (`calibration.feature_scaled`) is fitted on the train splits of every
+other set and scored on the held-out split of S: what a user's new question gets. Beside it, on the same
+held-out answers: raw, contextual, and the calibrator fitted on every train split including S's (in-set).
+Everything is computed from recorded readouts (`readouts`), so no model runs here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from typedlm.decide.calibration import calibrator_features, feature_scaled
+from typedlm.offline.fitting import fit_calibrators
+from typedlm.offline.metrics import Prediction, summarize
+from typedlm.offline.readouts import Readout
+
+Answer = tuple[str, list[float], float, float, int]  # kind, base probabilities, raw mass, disagreement, gold
+
+
+def answers_of(readouts: Sequence[Readout], method: str, reads: int | None = None) -> list[Answer]:
+    """Each readout's base probabilities under `method` from its first `reads` reads, with its features' inputs."""
+    return [(r.kind, *r.base(method, reads), r.gold) for r in readouts]
+
+
+def calibrated(answers: Sequence[Answer], calibrators: Mapping[str, dict[str, Any]]) -> list[Prediction]:
+    """Predictions of answers through the calibrators (an answer of a kind without one keeps its base)."""
+    out = []
+    for kind, probs, mass, disagreement, gold in answers:
+        params = calibrators.get(kind)
+        if params is not None:
+            probs = feature_scaled(kind, probs, params, calibrator_features(probs, mass, disagreement))
+        out.append(Prediction(kind, tuple(probs), gold, mass))
+    return out
+
+
+def leave_one_set_out(
+    readouts: Mapping[str, Mapping[str, Sequence[Readout]]], base: str = "contextual", reads: int | None = 1
+) -> dict[str, dict[str, Any]]:
+    """Per held-out set: summaries (see `metrics.summarize`) of raw, contextual, the calibrator fitted in-set and
+    the calibrator fitted leaving that set out. `readouts[set]["train" | "held_out"]`."""
+    train = {name: answers_of(splits["train"], base, reads) for name, splits in readouts.items()}
+    everything = fit_calibrators([a for answers in train.values() for a in answers])
+    report = {}
+    for name, splits in readouts.items():
+        held_out = splits["held_out"]
+        others = fit_calibrators([a for other, answers in train.items() if other != name for a in answers])
+        base_answers = answers_of(held_out, base, reads)
+        rows = {
+            method: summarize(calibrated(answers_of(held_out, method, reads), {})) for method in ("raw", "contextual")
+        }
+        rows["calibrated, in-set"] = summarize(calibrated(base_answers, everything))
+        rows["calibrated, set left out"] = summarize(calibrated(base_answers, others))
+        report[name] = {"rows": rows, "calibrators": {"in-set": everything, "set left out": others}}
+    return report

@@ -1,0 +1,79 @@
+"""Readouts: what a model read for every labeled answer, recorded once, so that calibrators can be fitted and
+compared (leave-one-set-out, many variants) without running the model again.
+
+A `Readout` holds one answer's raw label masses for each order read (in the question's own option order), the
+same reads' masses on the content-free document (contextual calibration's priors), and the gold class.
+`record` runs a decider over examples (one forward per example, `Decider.read`); `save` / `load` keep them as
+JSONL, one readout per line.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from typedlm.core.confidence import raw_mass
+from typedlm.core.questions import parse_questions, parse_state
+from typedlm.decide.calibration import calibrate_read, combine, signature
+from typedlm.offline.evaldata import Example
+
+
+@dataclass(frozen=True)
+class Readout:
+    set: str  # the labeled set it comes from
+    example: str  # the example's id
+    question: str  # the question's id in the example
+    kind: str  # "noul", "choice" or "score"
+    signature: str  # the question as the model reads it (see `calibration.signature`)
+    masses: list[list[float]]  # [reads][answers]
+    priors: list[list[float]]  # [reads][answers], on the content-free document
+    gold: int  # the true answer's index
+
+    @property
+    def size(self) -> int:
+        return len(self.masses[0])
+
+    def base(self, method: str, reads: int | None = None) -> tuple[list[float], float, float]:
+        """(probabilities, raw mass, disagreement) of this answer under `method` ("raw" or "contextual") from its
+        first `reads` reads (all: None), computed as the decider computes them: each read calibrated, then averaged;
+        the raw mass averaged; disagreement = the share of reads whose top answer is not the combined one."""
+        masses, priors = self.masses[:reads], self.priors[:reads]
+        each = [calibrate_read(self.kind, m, method, p) for m, p in zip(masses, priors, strict=True)]
+        probs, _, agreement = combine(each)
+        return probs, sum(map(raw_mass, masses)) / len(masses), 1.0 - agreement
+
+
+def record(
+    decider,
+    examples: Iterable[Example],
+    set_name: str,
+    order_reads: int = 1,
+    progress: Callable[[Iterable], Iterable] = lambda it: it,
+) -> list[Readout]:
+    """Every answer of every example read by `decider` with `order_reads` option orders and their priors."""
+    readouts = []
+    for example in progress(list(examples)):
+        questions = parse_questions(example.questions)
+        reading = decider.read(parse_state(example.state), questions, order_reads, contextual=True)
+        for qid, question in questions.items():
+            reads = reading.reads[qid]
+            gold = question.gold_index(example.gold[qid])
+            readouts.append(
+                Readout(set_name, example.id, qid, reads.kind, signature(question), reads.masses, reads.priors, gold)
+            )
+    return readouts
+
+
+def save(path: str | Path, readouts: Iterable[Readout]) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as f:
+        for readout in readouts:
+            f.write(json.dumps(asdict(readout)) + "\n")
+
+
+def load(path: str | Path) -> list[Readout]:
+    with Path(path).open(encoding="utf-8") as f:
+        return [Readout(**json.loads(line)) for line in f if line.strip()]
