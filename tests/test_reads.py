@@ -114,3 +114,21 @@ def test_a_files_calibrator_reads_the_averaged_base_probabilities(decider, token
     score = decider.answer(QUESTIONS["urgency"], reads["urgency"], "fitted", file)
     base, _, _ = combine([contextual(m, p) for m, p in zip(reads["urgency"].masses, reads["urgency"].priors)])
     assert list(score.probabilities) == pytest.approx(base, abs=1e-12)
+
+
+def test_a_file_shipped_for_the_model_is_the_default_only_for_its_own_weights(decider, tokenizer, monkeypatch):
+    from typedlm.decide import decider as decider_module
+
+    calibrator = {"noul": {"weights": [0.5, 0, 0, 0, 0], "bias": 0.0}}
+    shipped = CalibrationFile(
+        "tiny-qwen3", decider.fingerprint, PROMPT_VERSION, "contextual", {}, calibrator=calibrator
+    )
+    monkeypatch.setattr(decider_module, "shipped_calibration", lambda name: shipped if name == "tiny-qwen3" else None)
+    model = decider.engine.model
+    served = Decider(LoadedModel(model, tokenizer, "tiny-qwen3"))
+    assert served.calibration == "fitted" and served.calibration_file is shipped
+    assert served.decide(STATE, QUESTIONS).to_wire()["x_calibration"] == "fitted"
+    assert Decider(LoadedModel(model, tokenizer, "tiny-qwen3"), calibration="raw").calibration_file is shipped
+    assert Decider(LoadedModel(model, tokenizer, "another-name")).calibration == "contextual"
+    other = LoadedModel(tiny_model("qwen3", len(tokenizer), seed=6), tokenizer, "tiny-qwen3")
+    assert Decider(other).calibration == "contextual", "a shipped file fitted on other weights is not used"

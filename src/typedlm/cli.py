@@ -52,8 +52,8 @@ def _add_calibration_options(parser: argparse.ArgumentParser) -> None:
         "--calibration",
         choices=CALIBRATION_METHODS,
         default=None,
-        help=f"default calibration method (requests may pick another with x_calibration; default: "
-        f"{DEFAULT_CALIBRATION}, or fitted with --calibration-file)",
+        help=f"default calibration method (requests may pick another with x_calibration; default: fitted with "
+        f"--calibration-file or the file shipped for a named model, else {DEFAULT_CALIBRATION})",
     )
     parser.add_argument("--calibration-file", default=None, help="parameters fitted by `typedlm calibrate`")
     parser.add_argument(
@@ -211,7 +211,7 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def _calibration_kwargs(args: argparse.Namespace) -> dict:
-    method = args.calibration or ("fitted" if args.calibration_file else DEFAULT_CALIBRATION)
+    method = args.calibration or ("fitted" if args.calibration_file else None)  # None: the decider's default
     return {"calibration": method, "calibration_file": args.calibration_file, "order_reads": args.order_reads}
 
 

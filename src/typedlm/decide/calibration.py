@@ -41,6 +41,7 @@ from typedlm.core.questions import Question
 from typedlm.text.prompt import question_block
 
 DEFAULT_CALIBRATION = "contextual"  # without a file: as good as raw or better on every held-out set (docs)
+# With a file (given, or shipped for the model: `shipped_calibration`) the default is "fitted".
 FORMAT = "typedlm-calibration/2"  # 2 added the feature calibrator; files of format 1 still load
 READABLE_FORMATS = ("typedlm-calibration/1", FORMAT)
 FLOOR = 1e-12  # probabilities are clipped here before logarithms
@@ -196,6 +197,15 @@ class CalibrationFile:
             )
         except KeyError as exc:
             raise ModelError(f"{path} lacks {exc}") from exc
+
+
+SHIPPED = "shipped"  # the folder, beside this module, of the calibration files shipped for named models
+
+
+def shipped_calibration(model: str) -> CalibrationFile | None:
+    """The calibration file shipped with typedlm for the model named `model` (None: none is shipped)."""
+    path = Path(__file__).with_name(SHIPPED) / f"{model}.json"
+    return CalibrationFile.load(path) if path.is_file() else None
 
 
 def calibrate_read(

@@ -41,7 +41,14 @@ from typedlm.core.questions import (
     Text,
     parse_request,
 )
-from typedlm.decide.calibration import DEFAULT_CALIBRATION, CalibrationFile, calibrate_read, combine, signature
+from typedlm.decide.calibration import (
+    DEFAULT_CALIBRATION,
+    CalibrationFile,
+    calibrate_read,
+    combine,
+    shipped_calibration,
+    signature,
+)
 from typedlm.decide.reads import Reading, Reads, rotations, unrotate
 from typedlm.runtime.engine import Engine
 from typedlm.runtime.features import Features
@@ -66,15 +73,17 @@ class Decider:
         engine: EngineOptions | None = None,
         max_input_tokens: int | None = None,
         prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
-        calibration: str = DEFAULT_CALIBRATION,
+        calibration: str | None = None,
         calibration_file: CalibrationFile | str | Path | None = None,
         order_reads: int = 1,
     ):
         """Prepare a loaded model. `engine`: the feature switches (see `typedlm.core.options`);
         `max_input_tokens`: tokens per request (None: the model's context); `prefix_cache_bytes`: memory for
         documents kept across requests (0: only the system prompt); `calibration`: the default method (see
-        `typedlm.decide.calibration`); `calibration_file`: a file fitted by `typedlm calibrate` for this model
-        (or its path); `order_reads`: the default number of option orders read per choice/score question."""
+        `typedlm.decide.calibration`; None: fitted where there is a file, else contextual); `calibration_file`: a file
+        fitted by `typedlm calibrate` for this model (or its path; None: the file shipped for a named model, if one
+        is and it matches these weights); `order_reads`: the default number of option orders read per choice/score
+        question."""
         if isinstance(calibration_file, (str, Path)):
             calibration_file = CalibrationFile.load(calibration_file)
         self.name = loaded.name
@@ -90,11 +99,20 @@ class Decider:
         cache, length = self.engine.prefill(self.layout.system_ids)
         self.prefix_cache = PrefixCache(prefix_cache_bytes)
         self.prefix_cache.pin(self.layout.system_ids, Engine.snapshot(cache, length))
-        # Calibration: the request's method or this default; a fitted file must match this model and prompt.
+        # Calibration: the request's method or this default; a fitted file must match this model and prompt. A
+        # file shipped for a named model is used only for the weights it was fitted on.
         if calibration_file is not None:
             self.check_calibration(calibration_file)
+        else:
+            calibration_file = shipped_calibration(self.name)
+            if calibration_file is not None and (calibration_file.fingerprint, calibration_file.prompt_version) != (
+                self.fingerprint,
+                PROMPT_VERSION,
+            ):
+                calibration_file = None
         self.calibration_file = calibration_file
-        self.calibration = self._method(calibration, "--calibration")
+        default = "fitted" if calibration_file is not None else DEFAULT_CALIBRATION
+        self.calibration = self._method(calibration or default, "--calibration")
         if not 1 <= order_reads <= MAX_ORDER_READS:
             raise InvalidRequest(f"order reads must be from 1 to {MAX_ORDER_READS}")
         self.order_reads = order_reads
