@@ -120,13 +120,14 @@ def test_a_file_shipped_for_the_model_is_the_default_only_for_its_own_weights(de
     from typedlm.decide import decider as decider_module
 
     calibrator = {"noul": {"weights": [0.5, 0, 0, 0, 0], "bias": 0.0}}
-    shipped = CalibrationFile(
-        "tiny-qwen3", decider.fingerprint, PROMPT_VERSION, "contextual", {}, calibrator=calibrator
-    )
+    data = {"order_reads": 3}
+    shipped = CalibrationFile("tiny-qwen3", decider.fingerprint, PROMPT_VERSION, "contextual", {}, data, {}, calibrator)
     monkeypatch.setattr(decider_module, "shipped_calibration", lambda name: shipped if name == "tiny-qwen3" else None)
     model = decider.engine.model
     served = Decider(LoadedModel(model, tokenizer, "tiny-qwen3"))
     assert served.calibration == "fitted" and served.calibration_file is shipped
+    assert served.order_reads == 3, "the order reads the file was fitted with"
+    assert Decider(LoadedModel(model, tokenizer, "tiny-qwen3"), order_reads=1).order_reads == 1
     assert served.decide(STATE, QUESTIONS).to_wire()["x_calibration"] == "fitted"
     assert Decider(LoadedModel(model, tokenizer, "tiny-qwen3"), calibration="raw").calibration_file is shipped
     assert Decider(LoadedModel(model, tokenizer, "another-name")).calibration == "contextual"
