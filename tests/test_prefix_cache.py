@@ -84,3 +84,17 @@ def test_answers_are_the_same_with_and_without_the_cache(tokenizer):
     stats = cached.stats()["prefix_cache"]
     assert stats["hits"] == 1 and stats["partial_hits"] == 1 and stats["misses"] == 1
     assert uncached.stats()["prefix_cache"]["entries"] == 0
+
+
+def test_a_view_into_a_larger_cache_is_copied_out_so_the_budget_holds():
+    # a forward's cache: 3 document tokens, then 997 rows of its questions; the prefix is a view of the first 3
+    whole = torch.arange(2 * 1000 * 4, dtype=torch.float32).reshape(1, 2, 1000, 4)
+    view = PrefixKV(((whole[:, :, :3], whole[:, :, :3].clone()),), 3)
+    assert view.held_bytes() > 100 * view.nbytes
+    cache = PrefixCache(max_bytes=10_000)
+    cache.insert([1, 2, 3], view)
+    stored = cache.lookup([1, 2, 3])
+    assert stored.held_bytes() == stored.nbytes == cache.stats()["bytes"] == 3 * 64
+    assert torch.equal(stored.layers[0][0], whole[:, :, :3]) and torch.equal(stored.layers[0][1], whole[:, :, :3])
+    fitted = PrefixKV(((torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4)),), 3)
+    assert fitted.compact() is fitted, "nothing to copy when a tensor holds only itself"

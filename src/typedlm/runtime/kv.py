@@ -21,3 +21,16 @@ class PrefixKV:
     @property
     def nbytes(self) -> int:
         return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in self.layers)
+
+    def held_bytes(self) -> int:
+        """The memory its tensors keep alive: a view into a larger cache keeps the whole cache."""
+        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for pair in self.layers for t in pair}
+        return sum(storages.values())
+
+    def compact(self) -> PrefixKV:
+        """The same keys and values holding no more memory than they need. A forward's cache holds its questions'
+        rows after the document's, so the document's keys/values are views into a tensor several times their size;
+        those are copied out (the values are equal to the last bit)."""
+        if self.held_bytes() <= self.nbytes:
+            return self
+        return PrefixKV(tuple((k.clone(), v.clone()) for k, v in self.layers), self.length)

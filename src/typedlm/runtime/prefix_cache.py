@@ -76,13 +76,15 @@ class PrefixCache:
         return best if best_len == best.length else best.truncated(best_len)
 
     def insert(self, ids: Sequence[int], kv: PrefixKV) -> None:
-        """Keep `kv` (the keys/values of exactly `ids`), evicting least recently used entries over budget."""
+        """Keep `kv` (the keys/values of exactly `ids`; copied out of a larger cache it is a view of), evicting least
+        recently used entries over budget."""
         assert len(ids) == kv.length, "ids and keys/values must cover the same tokens"
         size = kv.nbytes
         key = tuple(ids)
         with self._lock:
             if size > self.max_bytes or key in self._entries or key in self._pinned:
                 return
+            kv = kv.compact()  # only what it holds counts against the budget, so only that may stay alive
             self._entries[key] = (kv, size)
             self._bytes += size
             while self._bytes > self.max_bytes:
