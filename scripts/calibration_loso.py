@@ -6,9 +6,9 @@
 
 Readouts (every answer's label masses for 3 option orders and their content-free priors) are recorded once per
 set and split into --readouts (JSONL) and reused by later runs. Then:
-1. the variant (base raw or contextual, 1 or 3 order reads, one temperature per kind or the feature calibrator) is
-   chosen on train splits: each set's calibrator fitted on the other sets' train splits, scored on its own train
-   split; lowest mean ECE (then NLL) wins;
+1. the variant (base raw or contextual, 1 or 3 order reads, one temperature per kind or the feature calibrator,
+   with or without a bias on yes for noul) is chosen on train splits: each set's calibrator fitted on the other
+   sets' train splits, scored on its own train split; lowest mean ECE (then NLL) wins;
 2. the chosen variant is reported on the held-out splits: raw, contextual, fitted in-set, fitted with the set left
    out (accuracy, ECE, Brier), and written as JSON;
 3. with --calibration-file, the chosen variant fitted on every set's train split is written as this model's
@@ -58,7 +58,12 @@ def main() -> int:
         f"{base}, {reads} read{'s' * (reads > 1)}, {label}": (base, reads, use)
         for base in ("raw", "contextual")
         for reads in (1, READS)
-        for label, use in (("temperature", ("bias",)), ("features", CALIBRATOR_FEATURES))
+        for label, use in (
+            ("temperature", ("bias",)),
+            ("features", CALIBRATOR_FEATURES),
+            ("temperature, yes bias", ("bias", "yes_bias")),
+            ("features, yes bias", (*CALIBRATOR_FEATURES, "yes_bias")),
+        )
     }
     selection = {}
     print(f"{decider.name}: variants, each set left out, scored on its train split (mean over sets)")

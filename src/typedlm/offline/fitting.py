@@ -148,7 +148,9 @@ def fit_calibrator(
 ) -> dict[str, Any]:
     """The feature calibrator of one question kind (see `calibration.feature_scaled`): the weights w of
     log T = w·φ, and for noul a bias on yes, minimising the NLL of `gold` with a light L2 on w (not its constant).
-    Features not in `use` keep weight 0 (`use=("bias",)`: one temperature per kind)."""
+    Features not in `use` keep weight 0 (`use=("bias",)`: one temperature per kind); noul's bias on yes is fitted
+    only where `use` holds "yes_bias" (the share of yes answers differs from question to question, so a bias learned
+    on some questions need not carry over to others)."""
     from scipy.optimize import minimize
 
     width = max(len(p) for p in probs)
@@ -157,7 +159,7 @@ def fit_calibrator(
         logp[i, : len(p)] = np.log(np.maximum(np.asarray(p, dtype=np.float64), FLOOR))
     phi, gold_index, rows = np.asarray(features, dtype=np.float64), np.asarray(gold), np.arange(len(probs))
     dims = len(CALIBRATOR_FEATURES)
-    noul = kind == "noul"
+    noul = kind == "noul" and "yes_bias" in use
 
     def loss(x: np.ndarray) -> float:
         log_t = np.clip(phi @ x[:dims], *LOG_T_BOUNDS)  # [N]
