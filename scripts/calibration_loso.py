@@ -100,7 +100,7 @@ def main() -> int:
             "sets": args.sets,
             "split": "train",
             "seed": 0,
-            "limit": args.limit,
+            "examples": {name: len({r.example for r in splits["train"]}) for name, splits in readouts.items()},
             "answers": len(train),
             "variant": chosen,
             "order_reads": reads,
