@@ -81,7 +81,8 @@ def test_eval_and_calibrate_commands(data_file, tmp_path):
     assert done.returncode == 0, done.stderr
     assert "| test" not in done.stdout and "accuracy" in done.stdout  # the Markdown table
     report = json.loads(out.read_text())
-    assert report["examples"] == 3 and set(report["rows"]) == {"raw", "contextual"}
+    # the embedded model's shipped calibration file is its default: a row of its own beside raw and contextual
+    assert report["examples"] == 3 and set(report["rows"]) == {"raw", "contextual", "fitted (shipped default)"}
     assert (tmp_path / "report-raw.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     cal = tmp_path / "cal.json"
     done = typedlm("calibrate", str(data_file), "--split", "all", "--out", str(cal))

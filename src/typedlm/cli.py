@@ -237,7 +237,10 @@ def evaluate_command(args: argparse.Namespace) -> int:
         files = {f"fitted ({Path(path).stem})": CalibrationFile.load(path) for path in args.calibration_file}
         if len(files) == 1:
             files = {f"fitted ({file.base})": file for file in files.values()}
-        backend = LocalBackend(Decider.load(args.model, args.device, args.dtype), files)
+        decider = Decider.load(args.model, args.device, args.dtype)
+        if not files and not args.methods and decider.calibration_file is not None:
+            files = {"fitted (shipped default)": decider.calibration_file}  # the model's default, beside raw/contextual
+        backend = LocalBackend(decider, files)
         methods = [m for m in (args.methods or ["raw", "contextual"]) if m != "fitted"]
     rows = evaluate(backend, examples, methods, args.order_reads, _progress(f"eval {args.data}"))
     print(format_table({f"{args.data} · {row}": summary for row, summary in rows.items()}))
