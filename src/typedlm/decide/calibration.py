@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from typedlm.core.confidence import normalise
+from typedlm.core.confidence import normalise, raw_mass
 from typedlm.core.errors import ModelError
 from typedlm.core.questions import Question
 from typedlm.text.prompt import question_block
@@ -225,6 +225,24 @@ def calibrate_read(
     assert method == "fitted" and fitted is not None, f"unknown method {method} or no calibration file"
     base = calibrate_read(kind, masses, fitted.base, prior)
     return fitted.apply(kind, base, question)
+
+
+def calibrate_reads(
+    kind: str,
+    masses: Sequence[Sequence[float]],
+    priors: Sequence[Sequence[float]] | None,
+    method: str,
+    fitted: CalibrationFile | None = None,
+    question: str | None = None,
+) -> tuple[list[float], float, float, float]:
+    """Every read of one answer calibrated by `method`, then averaged: (probabilities, mean raw mass, stderr of the
+    chosen answer's probability, share of reads agreeing on it). One read is its own calibration (0.0, 1.0)."""
+    priors = priors or [None] * len(masses)
+    if len(masses) == 1:  # every noul question, and the default: no averaging
+        return calibrate_read(kind, masses[0], method, priors[0], fitted, question), raw_mass(masses[0]), 0.0, 1.0
+    each = [calibrate_read(kind, m, method, p, fitted, question) for m, p in zip(masses, priors, strict=True)]
+    probs, stderr, agreement = combine(each)
+    return probs, sum(map(raw_mass, masses)) / len(masses), stderr, agreement
 
 
 def combine(reads: Sequence[Sequence[float]]) -> tuple[list[float], float, float]:

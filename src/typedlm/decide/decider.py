@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 from typedlm.core.answers import Answer, Response, Usage
-from typedlm.core.confidence import raw_mass
 from typedlm.core.errors import InvalidRequest, LimitExceeded
 from typedlm.core.options import EngineOptions
 from typedlm.core.questions import (
@@ -44,8 +43,7 @@ from typedlm.core.questions import (
 from typedlm.decide.calibration import (
     DEFAULT_CALIBRATION,
     CalibrationFile,
-    calibrate_read,
-    combine,
+    calibrate_reads,
     shipped_calibration,
     signature,
 )
@@ -240,16 +238,10 @@ class Decider:
         # a file's feature calibrator reads the combined reads: each read is then calibrated by its base only
         calibrator = method == "fitted" and fitted is not None and fitted.uses_calibrator(reads.kind, key)
         read_method = fitted.base if calibrator else method
-        priors = reads.priors or [None] * len(reads.masses)
-        agreement = 1.0
-        if len(reads.masses) == 1:  # one read (every noul question; the default): its calibration is the answer
-            probs = calibrate_read(reads.kind, reads.masses[0], read_method, priors[0], fitted, key)
-            mass, extras = raw_mass(reads.masses[0]), {}
-        else:
-            each = [calibrate_read(reads.kind, m, read_method, p, fitted, key) for m, p in zip(reads.masses, priors)]
-            probs, stderr, agreement = combine(each)
-            mass = sum(map(raw_mass, reads.masses)) / len(reads.masses)
-            extras = {"stderr": stderr, "agreement": agreement, "reads": len(each)}
+        probs, mass, stderr, agreement = calibrate_reads(
+            reads.kind, reads.masses, reads.priors, read_method, fitted, key
+        )
+        extras = {"stderr": stderr, "agreement": agreement, "reads": len(reads.masses)} if len(reads.masses) > 1 else {}
         if calibrator:
             probs = fitted.calibrate(reads.kind, probs, mass, 1.0 - agreement)
         return question.answer(probs, mass, extras)

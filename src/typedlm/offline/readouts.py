@@ -14,9 +14,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from typedlm.core.confidence import raw_mass
 from typedlm.core.questions import parse_questions, parse_state
-from typedlm.decide.calibration import calibrate_read, combine, signature
+from typedlm.decide.calibration import calibrate_reads, signature
 from typedlm.offline.evaldata import Example
 
 
@@ -39,10 +38,8 @@ class Readout:
         """(probabilities, raw mass, disagreement) of this answer under `method` ("raw" or "contextual") from its
         first `reads` reads (all: None), computed as the decider computes them: each read calibrated, then averaged;
         the raw mass averaged; disagreement = the share of reads whose top answer is not the combined one."""
-        masses, priors = self.masses[:reads], self.priors[:reads]
-        each = [calibrate_read(self.kind, m, method, p) for m, p in zip(masses, priors, strict=True)]
-        probs, _, agreement = combine(each)
-        return probs, sum(map(raw_mass, masses)) / len(masses), 1.0 - agreement
+        probs, mass, _, agreement = calibrate_reads(self.kind, self.masses[:reads], self.priors[:reads], method)
+        return probs, mass, 1.0 - agreement
 
 
 def record(
