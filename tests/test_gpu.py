@@ -10,6 +10,7 @@ from typedlm.core.options import EngineOptions
 from typedlm.core.questions import ChoiceQuestion, NoulQuestion, ScoreQuestion
 from typedlm.decide.decider import Decider
 from typedlm.ops.attention import attend_with_lse, plain_attention
+from typedlm.runtime import graphs as graphs_module
 from typedlm.runtime.engine import Engine
 from typedlm.runtime.models import LoadedModel
 from typedlm.runtime.patching import unfuse_rope
@@ -90,6 +91,26 @@ def test_cuda_graphs_equal_the_eager_forward(dtype, tokenizer):
         assert list(want["s"].probabilities) == pytest.approx(list(got["s"].probabilities), abs=tol)
         assert list(want["c"].probabilities.values()) == pytest.approx(list(got["c"].probabilities.values()), abs=tol)
     assert len(graphs.engine.forward.runner.slots) <= 3
+
+
+@pytest.mark.parametrize("max_graphs", [1, 2])
+def test_cuda_graphs_survive_a_growing_buffer_and_evictions(max_graphs, tokenizer, monkeypatch):
+    # a longer document than any before reallocates the key/value buffer and drops every graph; later captures
+    # must not reuse the freed graphs' memory pool (PyTorch asserts), nor must captures after LRU evictions
+    monkeypatch.setattr(graphs_module, "MAX_GRAPHS", max_graphs)
+    model = tiny_model("qwen3", len(tokenizer)).cuda()
+    graphs = Decider(LoadedModel(model, tokenizer, "tiny"), prefix_cache_bytes=0, calibration="raw")
+    eager = Decider(
+        LoadedModel(model, tokenizer, "tiny"),
+        prefix_cache_bytes=0,
+        engine=EngineOptions(cuda_graphs=False),
+        calibration="raw",
+    )
+    states = ["short", "a bit longer than that " * 3, "word " * 300, "tiny", "word " * 700, "more words " * 40]
+    for state in states:
+        want, got = eager.decide(state, QUESTIONS).answers, graphs.decide(state, QUESTIONS).answers
+        assert abs(want["n"].p_yes - got["n"].p_yes) < 1e-5
+    assert len(graphs.engine.forward.runner.slots) <= max_graphs
 
 
 def test_cuda_graphs_with_the_prefix_cache(tokenizer):

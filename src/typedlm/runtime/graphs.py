@@ -267,6 +267,10 @@ class StaticRunner:
         with torch.cuda.stream(side):
             self.forward(slot)  # warm-up: lazy initialisation happens outside the capture
         torch.cuda.current_stream().wait_stream(side)
+        if not any(other.graph is not None for other in self.slots.values() if other is not slot):
+            # once no graph uses a pool (all dropped: a grown buffer, evictions), PyTorch frees it and an internal
+            # assert refuses captures into its old handle: take a fresh one
+            self.pool = torch.cuda.graph_pool_handle()
         slot.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(slot.graph, pool=self.pool):
             slot.out = self.forward(slot)
