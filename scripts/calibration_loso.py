@@ -6,9 +6,13 @@
 
 Readouts (every answer's label masses for 3 option orders and their content-free priors) are recorded once per
 set and split into --readouts (JSONL) and reused by later runs. Then:
-1. the variant (base raw or contextual, 1 or 3 order reads, one temperature per kind or the feature calibrator,
-   with or without a bias on yes for noul) is chosen on train splits: each set's calibrator fitted on the other
-   sets' train splits, scored on its own train split; lowest mean ECE (then NLL) wins;
+1. per question kind, the variant (base raw or contextual, one temperature or the feature calibrator, with or
+   without a bias on yes for noul) is chosen on train splits: each set's calibrator fitted on the other sets'
+   train splits, scored on its own train split. Eligible are the variants that lower no set's accuracy below raw's
+   by more than ACCURACY_SLACK (raw with one temperature never changes a top answer, so one always is); among
+   them the lowest mean + worst ECE over the sets that ask that kind wins (worst: every set must be honest, not
+   the average). Each variant is fitted with every answer weighing the same and with every set weighing the
+   same; 3 order reads instead of 1 only where they lower that score by READS_MARGIN;
 2. the chosen variant is reported on the held-out splits: raw, contextual, fitted in-set, fitted with the set left
    out (accuracy, ECE, Brier), and written as JSON;
 3. with --calibration-file, the chosen variant fitted on every set's train split is written as this model's
@@ -21,16 +25,44 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from statistics import mean
 
 from typedlm import Decider
 from typedlm.decide.calibration import CALIBRATOR_FEATURES, CalibrationFile
 from typedlm.offline.evaluate import load_examples
 from typedlm.offline.fitting import fit_calibrators
-from typedlm.offline.loso import answers_of, leave_one_set_out
+from typedlm.offline.loso import answers_of, leave_one_set_out, set_weights
+from typedlm.offline.metrics import KINDS
 from typedlm.offline.readouts import load, record, save
 from typedlm.text.prompt import PROMPT_VERSION
 
 READS = 3  # option orders recorded per choice/score question; fewer are read from them
+READS_MARGIN = 0.01  # order reads cost up to 2.3x one read: they are turned on only if they lower the score this much
+ACCURACY_SLACK = 0.01  # a variant may lower no set's accuracy (of a kind) below raw's by more than this
+
+
+def _by_kind(summary: dict, key: str) -> dict[str, float]:
+    return {kind: values[key] for kind, values in summary.items() if kind in KINDS}
+
+
+def _kind_scores(result: dict, reference: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    """Per kind, over the sets that ask it, the left-out calibrators' ECE (mean, worst, their sum: the score), NLL,
+    accuracy, and whether no set's accuracy fell below raw's by more than ACCURACY_SLACK."""
+    scores = {}
+    for kind in KINDS:
+        rows = {n: e["rows"]["calibrated, set left out"] for n, e in result.items() if kind in e["rows"]["raw"]}
+        if not rows:
+            continue
+        eces = [r[kind]["ece"] for r in rows.values()]
+        scores[kind] = {
+            "ece_mean": mean(eces),
+            "ece_worst": max(eces),
+            "score": mean(eces) + max(eces),
+            "nll": mean(r[kind]["nll"] for r in rows.values()),
+            "accuracy": mean(r[kind]["accuracy"] for r in rows.values()),
+            "eligible": all(r[kind]["accuracy"] >= reference[n][kind] - ACCURACY_SLACK for n, r in rows.items()),
+        }
+    return scores
 
 
 def main() -> int:
@@ -53,11 +85,11 @@ def main() -> int:
                 save(path, record(decider, load_examples(name, split, args.limit, 0), name, READS))
                 print(f"recorded {path}", file=sys.stderr, flush=True)
             readouts[name][split] = load(path)
-    # 1. choose the variant on train splits: each set's calibrator is fitted without it and scored on its train split
+    # 1. choose, per question kind, the variant on train splits: each set's calibrator is fitted without it and
+    #    scored on its own train split; the kind's score is its mean ECE over the sets that ask it (then NLL)
     variants = {
-        f"{base}, {reads} read{'s' * (reads > 1)}, {label}": (base, reads, use)
+        f"{base}, {label}": (base, use)
         for base in ("raw", "contextual")
-        for reads in (1, READS)
         for label, use in (
             ("temperature", ("bias",)),
             ("features", CALIBRATOR_FEATURES),
@@ -65,18 +97,51 @@ def main() -> int:
             ("features, yes bias", (*CALIBRATOR_FEATURES, "yes_bias")),
         )
     }
-    selection = {}
-    print(f"{decider.name}: variants, each set left out, scored on its train split (mean over sets)")
-    for label, (base, reads, use) in variants.items():
-        result = leave_one_set_out(readouts, base, reads, use, scored="train")
-        overall = [entry["rows"]["calibrated, set left out"]["overall"] for entry in result.values()]
-        selection[label] = {k: sum(o[k] for o in overall) / len(overall) for k in ("ece", "nll", "brier", "accuracy")}
-        print(f"  {label:<40} " + "  ".join(f"{k} {v:.3f}" for k, v in selection[label].items()), flush=True)
-    chosen = min(selection, key=lambda label: (selection[label]["ece"], selection[label]["nll"]))
-    base, reads, use = variants[chosen]
-    print(f"chosen: {chosen}")
+    # each fit's setting: order reads, and whether every set weighs the same in it (else every answer does)
+    settings = {
+        f"{reads} read{'s' * (reads > 1)}{', sets weighed equally' * balanced}": (reads, balanced)
+        for reads in (1, READS)
+        for balanced in (False, True)
+    }
+    selection: dict[str, dict[str, dict[str, dict[str, float]]]] = {}
+    reference: dict[str, dict[str, float]] = {}  # set → kind → accuracy of raw with one read (the floor's reference)
+    print(f"{decider.name}: variants, each set left out, scored on its train split (per kind: mean / worst ECE)")
+    for setting, (reads, balanced) in settings.items():
+        selection[setting] = {}
+        for label, (base, use) in variants.items():
+            result = leave_one_set_out(readouts, base, reads, use, scored="train", balanced=balanced)
+            if not reference:
+                reference = {name: _by_kind(entry["rows"]["raw"], "accuracy") for name, entry in result.items()}
+            selection[setting][label] = _kind_scores(result, reference)
+            line = "  ".join(
+                f"{kind} ece {v['ece_mean']:.3f}/{v['ece_worst']:.3f}{'' if v['eligible'] else ' (acc)'}"
+                for kind, v in selection[setting][label].items()
+            )
+            print(f"  {setting}, {label:<34} {line}", flush=True)
+
+    def best(by_label: dict[str, dict[str, dict[str, float]]], kind: str) -> str:
+        eligible = [label for label in by_label if by_label[label][kind]["eligible"]] or ["raw, temperature"]
+        return min(eligible, key=lambda label: (by_label[label][kind]["score"], by_label[label][kind]["nll"]))
+
+    plans = {
+        setting: {kind: best(by_label, kind) for kind in next(iter(by_label.values()))}
+        for setting, by_label in selection.items()
+    }
+    score = {s: mean(selection[s][plan[kind]][kind]["score"] for kind in plan) for s, plan in plans.items()}
+    # order reads cost up to 2.3x one read: they must lower the score by READS_MARGIN to be chosen
+    setting = min(score, key=lambda s: score[s] + READS_MARGIN * (settings[s][0] > 1))
+    reads, balanced = settings[setting]
+    plan = plans[setting]
+    bases = {kind: variants[label][0] for kind, label in plan.items()}
+    uses = {kind: variants[label][1] for kind, label in plan.items()}
+    chosen = f"{setting}; " + "; ".join(f"{kind}: {label}" for kind, label in plan.items())
+    print(
+        f"chosen: {chosen}\n(mean + worst ECE, mean over kinds: "
+        + ", ".join(f"{s} {v:.3f}" for s, v in score.items())
+        + ")"
+    )
     # 2. report it on the held-out splits
-    result = leave_one_set_out(readouts, base, reads, use, scored="held_out")
+    result = leave_one_set_out(readouts, bases, reads, uses, scored="held_out", balanced=balanced)
     print(f"\n{decider.name}, {chosen}, held-out splits\n")
     print("| set | method | answers | accuracy | ECE | Brier |\n|---|---|---:|---:|---:|---:|")
     for name, entry in result.items():
@@ -89,13 +154,17 @@ def main() -> int:
         "limit": args.limit,
         "selection": selection,
         "chosen": chosen,
+        "reads": reads,
+        "balanced": balanced,
+        "variants": plan,
         "held_out": result,
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     if args.calibration_file:
-        train = [a for splits in readouts.values() for a in answers_of(splits["train"], base, reads)]
+        by_set = {name: answers_of(splits["train"], bases, reads) for name, splits in readouts.items()}
+        train = [a for answers in by_set.values() for a in answers]
         data = {
             "sets": args.sets,
             "split": "train",
@@ -103,9 +172,15 @@ def main() -> int:
             "examples": {name: len({r.example for r in splits["train"]}) for name, splits in readouts.items()},
             "answers": len(train),
             "variant": chosen,
+            "sets_weighed_equally": balanced,
+            "variants": plan,
             "order_reads": reads,
         }
-        calibrators = fit_calibrators(train, use)
+        weights = set_weights({n: answers_of(splits["train"], bases, reads) for n, splits in readouts.items()})
+        calibrators = fit_calibrators(
+            train, uses, bases, [w for ws in weights.values() for w in ws] if balanced else None
+        )
+        base = max(set(bases.values()), key=list(bases.values()).count)  # the file's own: any kind's would do
         file = CalibrationFile(decider.name, decider.fingerprint, PROMPT_VERSION, base, {}, data, {}, calibrators)
         file.save(args.calibration_file)
         print(f"wrote {args.calibration_file}", file=sys.stderr)

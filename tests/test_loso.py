@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from typedlm.offline.loso import leave_one_set_out
 from typedlm.offline.readouts import Readout
@@ -34,3 +35,21 @@ def test_the_calibrator_learned_on_other_sets_fixes_a_shared_overconfidence():
         # each left-out calibrator was fitted on the two other sets only: it differs from the in-set one
         calibrators = report[name]["calibrators"]
         assert calibrators["set left out"]["choice"] != calibrators["in-set"]["choice"]
+
+
+def test_weighing_sets_equally_keeps_a_large_set_from_setting_the_temperature_alone():
+    from typedlm.offline.loso import answers_of, set_weights
+
+    small = _readouts("small", 200, 1, 1.0)  # honest
+    large = _readouts("large", 2000, 2, 4.0)  # overconfident, ten times the answers
+    sets = {name: {"train": rows, "held_out": rows} for name, rows in (("small", small), ("large", large))}
+    weights = set_weights({name: answers_of(s["train"], "raw") for name, s in sets.items()})
+    assert sum(weights["small"]) == pytest.approx(1.0) and sum(weights["large"]) == pytest.approx(1.0)
+    fitted = {
+        balanced: leave_one_set_out({**sets, "third": sets["small"]}, "raw", use=("bias",), balanced=balanced)
+        for balanced in (False, True)
+    }
+    # fitted without "third" (the small honest set's twin): the large set's share of the fit is 10/11 answers
+    # unweighed and 1/2 of the weight weighed equally, so its temperature moves less when weighed equally
+    log_t = {b: fitted[b]["third"]["calibrators"]["set left out"]["choice"]["weights"][0] for b in fitted}
+    assert log_t[True] < log_t[False]

@@ -116,6 +116,23 @@ def test_a_files_calibrator_reads_the_averaged_base_probabilities(decider, token
     assert list(score.probabilities) == pytest.approx(base, abs=1e-12)
 
 
+def test_a_calibrator_reads_its_kind_by_its_own_base(decider, tokenizer):
+    from typedlm.decide.calibration import calibrator_features, combine, feature_scaled, normalised
+
+    calibrator = {"choice": {"weights": [0.3, 0, 0, 0, 0], "base": "raw"}, "noul": {"weights": [0.1, 0, 0, 0, 0]}}
+    file = CalibrationFile("tiny", decider.fingerprint, PROMPT_VERSION, "contextual", {}, calibrator=calibrator)
+    assert (file.base_of("choice"), file.base_of("noul"), file.base_of("score")) == ("raw", "contextual", "contextual")
+    assert file.needs_prior
+    assert not CalibrationFile("tiny", "f", "1", "raw", {}, calibrator={"noul": calibrator["choice"]}).needs_prior
+    reads = decider.read(STATE, QUESTIONS, order_reads=3, contextual=True).reads
+    r = reads["topic"]
+    base, _, agreement = combine([normalised(m) for m in r.masses])  # raw: the priors are not used
+    mass = sum(min(1.0, sum(m)) for m in r.masses) / len(r.masses)
+    want = feature_scaled("choice", base, calibrator["choice"], calibrator_features(base, mass, 1 - agreement))
+    got = list(decider.answer(QUESTIONS["topic"], r, "fitted", file).probabilities.values())
+    assert got == pytest.approx(want, abs=1e-12)
+
+
 def test_a_file_shipped_for_the_model_is_the_default_only_for_its_own_weights(decider, tokenizer, monkeypatch):
     from typedlm.decide import decider as decider_module
 

@@ -133,6 +133,16 @@ class CalibrationFile:
         parameters of the question's own."""
         return kind in self.calibrator and not (question and question in self.questions)
 
+    def base_of(self, kind: str) -> str:
+        """The method an answer of `kind` is read by before its feature calibrator: the calibrator's own "base"
+        where it has one (chosen per kind), else the file's."""
+        return self.calibrator.get(kind, {}).get("base", self.base)
+
+    @property
+    def needs_prior(self) -> bool:
+        """Whether any answer this file calibrates is read contextually (so the content-free priors are needed)."""
+        return "contextual" in {self.base, *(params.get("base", self.base) for params in self.calibrator.values())}
+
     def calibrate(self, kind: str, probs: Sequence[float], raw_mass: float, disagreement: float) -> list[float]:
         """The feature calibrator on an answer's base probabilities (its reads calibrated by `base`, averaged)."""
         return feature_scaled(kind, probs, self.calibrator[kind], calibrator_features(probs, raw_mass, disagreement))

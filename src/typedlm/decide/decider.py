@@ -237,7 +237,7 @@ class Decider:
         key = signature(question) if method == "fitted" and fitted is not None and fitted.questions else None
         # a file's feature calibrator reads the combined reads: each read is then calibrated by its base only
         calibrator = method == "fitted" and fitted is not None and fitted.uses_calibrator(reads.kind, key)
-        read_method = fitted.base if calibrator else method
+        read_method = fitted.base_of(reads.kind) if calibrator else method
         probs, mass, stderr, agreement = calibrate_reads(
             reads.kind, reads.masses, reads.priors, read_method, fitted, key
         )
@@ -273,8 +273,8 @@ class Decider:
 
     def needs_prior(self, method: str) -> bool:
         """Whether `method` reads the content-free priors."""
-        fitted_base = self.calibration_file.base if self.calibration_file else None
-        return method == "contextual" or (method == "fitted" and fitted_base == "contextual")
+        fitted = self.calibration_file
+        return method == "contextual" or (method == "fitted" and fitted is not None and fitted.needs_prior)
 
     def stats(self) -> dict[str, dict[str, int]]:
         """Counters for monitoring: the prefix cache's hits, misses, entries and bytes."""

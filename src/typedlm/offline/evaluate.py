@@ -59,7 +59,7 @@ class LocalBackend:
     def answers(self, example: Example, methods: Sequence[str], order_reads: int) -> dict[str, WireAnswers]:
         questions = parse_questions(example.questions)
         contextual = any(self.decider.needs_prior(m) for m in methods)
-        contextual |= any(file.base == "contextual" for file in self.fitted.values())
+        contextual |= any(file.needs_prior for file in self.fitted.values())
         reads = self.decider.read(parse_state(example.state), questions, order_reads, contextual).reads
         answer = self.decider.answer
         rows = {m: {q: answer(questions[q], reads[q], m).to_wire() for q in questions} for m in methods}

@@ -145,12 +145,13 @@ def fit_calibrator(
     features: Sequence[Sequence[float]],
     gold: Sequence[int],
     use: Sequence[str] = CALIBRATOR_FEATURES,
+    weights: Sequence[float] | None = None,
 ) -> dict[str, Any]:
     """The feature calibrator of one question kind (see `calibration.feature_scaled`): the weights w of
     log T = w·φ, and for noul a bias on yes, minimising the NLL of `gold` with a light L2 on w (not its constant).
     Features not in `use` keep weight 0 (`use=("bias",)`: one temperature per kind); noul's bias on yes is fitted
     only where `use` holds "yes_bias" (the share of yes answers differs from question to question, so a bias learned
-    on some questions need not carry over to others)."""
+    on some questions need not carry over to others). `weights`: one per answer (default: equal)."""
     from scipy.optimize import minimize
 
     width = max(len(p) for p in probs)
@@ -160,6 +161,8 @@ def fit_calibrator(
     phi, gold_index, rows = np.asarray(features, dtype=np.float64), np.asarray(gold), np.arange(len(probs))
     dims = len(CALIBRATOR_FEATURES)
     noul = kind == "noul" and "yes_bias" in use
+    w = np.ones(len(probs)) if weights is None else np.asarray(weights, dtype=np.float64)
+    w = w / w.sum()  # [N]
 
     def loss(x: np.ndarray) -> float:
         log_t = np.clip(phi @ x[:dims], *LOG_T_BOUNDS)  # [N]
@@ -167,7 +170,7 @@ def fit_calibrator(
         if noul:
             logits[:, 0] += x[dims]
         nll = np.logaddexp.reduce(logits, axis=1) - logits[rows, gold_index]
-        return float(nll.mean() + CALIBRATOR_PENALTY * (x[1:dims] ** 2).sum())
+        return float(nll @ w + CALIBRATOR_PENALTY * (x[1:dims] ** 2).sum())
 
     bounds = [(None, None) if name in use else (0.0, 0.0) for name in CALIBRATOR_FEATURES] + [(None, None)] * noul
     result = minimize(loss, np.zeros(dims + noul), method="L-BFGS-B", bounds=bounds)
@@ -178,18 +181,29 @@ def fit_calibrator(
 
 
 def fit_calibrators(
-    answers: Sequence[tuple[str, Sequence[float], float, float, int]], use: Sequence[str] = CALIBRATOR_FEATURES
+    answers: Sequence[tuple[str, Sequence[float], float, float, int]],
+    use: Sequence[str] | Mapping[str, Sequence[str]] = CALIBRATOR_FEATURES,
+    bases: Mapping[str, str] | None = None,
+    weights: Sequence[float] | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """Feature calibrators per kind from answers (kind, base probabilities, raw mass, disagreement, gold)."""
+    """Feature calibrators per kind from answers (kind, base probabilities, raw mass, disagreement, gold).
+
+    `use`: the features, for every kind or per kind; `bases`: the method each kind's answers were read by, recorded
+    in its calibrator as "base" (see `CalibrationFile.base_of`); `weights`: one per answer (default: equal)."""
     out = {}
+    weights = [1.0] * len(answers) if weights is None else weights
     for kind in ("noul", "choice", "score"):
         mine = [a for a in answers if a[0] == kind]
+        mine_weights = [w for a, w in zip(answers, weights, strict=True) if a[0] == kind]
         if mine:
             out[kind] = fit_calibrator(
                 kind,
                 [a[1] for a in mine],
                 [calibrator_features(a[1], a[2], a[3]) for a in mine],
                 [a[4] for a in mine],
-                use,
+                use[kind] if isinstance(use, Mapping) else use,
+                mine_weights,
             )
+            if bases is not None:
+                out[kind]["base"] = bases[kind]
     return out

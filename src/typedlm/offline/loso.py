@@ -8,6 +8,7 @@ Everything is computed from recorded readouts (`readouts`), so no model runs her
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -19,9 +20,10 @@ from typedlm.offline.readouts import Readout
 Answer = tuple[str, list[float], float, float, int]  # kind, base probabilities, raw mass, disagreement, gold
 
 
-def answers_of(readouts: Sequence[Readout], method: str, reads: int | None = None) -> list[Answer]:
-    """Each readout's base probabilities under `method` from its first `reads` reads, with its features' inputs."""
-    return [(r.kind, *r.base(method, reads), r.gold) for r in readouts]
+def answers_of(readouts: Sequence[Readout], method: str | Mapping[str, str], reads: int | None = None) -> list[Answer]:
+    """Each readout's base probabilities under `method` (one, or one per kind) from its first `reads` reads, with
+    its features' inputs."""
+    return [(r.kind, *r.base(method if isinstance(method, str) else method[r.kind], reads), r.gold) for r in readouts]
 
 
 def calibrated(answers: Sequence[Answer], calibrators: Mapping[str, dict[str, Any]]) -> list[Prediction]:
@@ -35,23 +37,45 @@ def calibrated(answers: Sequence[Answer], calibrators: Mapping[str, dict[str, An
     return out
 
 
+def set_weights(answers: Mapping[str, Sequence[Answer]]) -> dict[str, list[float]]:
+    """Per set, a weight per answer: 1 / (the set's answers of that kind), so every set that asks a kind weighs
+    the same in that kind's fit (a set with ten times the answers would otherwise set the temperature alone)."""
+    weights = {}
+    for name, rows in answers.items():
+        counts = Counter(a[0] for a in rows)
+        weights[name] = [1.0 / counts[a[0]] for a in rows]
+    return weights
+
+
 def leave_one_set_out(
     readouts: Mapping[str, Mapping[str, Sequence[Readout]]],
-    base: str = "contextual",
+    base: str | Mapping[str, str] = "contextual",
     reads: int | None = 1,
-    use: Sequence[str] = CALIBRATOR_FEATURES,
+    use: Sequence[str] | Mapping[str, Sequence[str]] = CALIBRATOR_FEATURES,
     scored: str = "held_out",
+    balanced: bool = False,
 ) -> dict[str, dict[str, Any]]:
     """Per set: summaries (see `metrics.summarize`) on its `scored` split of raw, contextual, the calibrator fitted
     on every train split (in-set) and the calibrator fitted on the other sets' train splits (set left out).
     `readouts[set]["train" | "held_out"]`; `use`: the calibrator's features. Variants are chosen with
-    `scored="train"` (the left-out set's train split is still unseen by its calibrator) and reported on held_out."""
+    `scored="train"` (the left-out set's train split is still unseen by its calibrator) and reported on held_out.
+    `base` and `use` may be given per kind (kind → method, kind → features): each kind then has its own variant.
+    `balanced`: every set weighs the same in a fit, however many answers of a kind it has (`set_weights`)."""
+    bases = None if isinstance(base, str) else base
     train = {name: answers_of(splits["train"], base, reads) for name, splits in readouts.items()}
-    everything = fit_calibrators([a for answers in train.values() for a in answers], use)
+    weights = set_weights(train) if balanced else {name: [1.0] * len(answers) for name, answers in train.items()}
+    everything = fit_calibrators(
+        [a for answers in train.values() for a in answers], use, bases, [w for ws in weights.values() for w in ws]
+    )
     report = {}
     for name, splits in readouts.items():
         held_out = splits[scored]
-        others = fit_calibrators([a for other, answers in train.items() if other != name for a in answers], use)
+        others = fit_calibrators(
+            [a for other, answers in train.items() if other != name for a in answers],
+            use,
+            bases,
+            [w for other, ws in weights.items() if other != name for w in ws],
+        )
         base_answers = answers_of(held_out, base, reads)
         rows = {
             method: summarize(calibrated(answers_of(held_out, method, reads), {})) for method in ("raw", "contextual")

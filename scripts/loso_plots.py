@@ -1,0 +1,46 @@
+"""Reliability diagrams of a leave-one-set-out report (scripts/calibration_loso.py --out): every set's held-out
+answers pooled, raw beside the default (each set through the calibrator fitted without it).
+
+    python scripts/loso_plots.py docs/results/loso-qwen2.5-coder-1.5b.json --readouts eval/readouts/qwen1.5b \
+        --out docs/results/loso-qwen2.5-coder-1.5b
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from typedlm.offline.loso import answers_of, calibrated
+from typedlm.offline.metrics import reliability_plot, summarize
+from typedlm.offline.readouts import load
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("report", help="the JSON report of scripts/calibration_loso.py")
+    parser.add_argument("--readouts", required=True, help="the readouts folder the report was made from")
+    parser.add_argument("--out", required=True, help="path prefix of the PNGs (-raw.png, -default.png)")
+    args = parser.parse_args()
+    report = json.loads(Path(args.report).read_text(encoding="utf-8"))
+    reads = report.get("reads", 1)
+    raw, default = [], []
+    for name, entry in report["held_out"].items():
+        readouts = load(Path(args.readouts) / f"{name}.held_out.jsonl")
+        calibrators = entry["calibrators"]["set left out"]
+        bases = {kind: params.get("base", "contextual") for kind, params in calibrators.items()}
+        raw += calibrated(answers_of(readouts, "raw", 1), {})
+        default += calibrated(answers_of(readouts, bases, reads), calibrators)
+    for label, predictions in (("raw", raw), ("default", default)):
+        path = reliability_plot(
+            summarize(predictions),
+            f"{args.out}-{label}.png",
+            f"{report['model']}: {label}, every set's held-out split (set left out), {len(predictions)} answers",
+        )
+        print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
