@@ -156,7 +156,8 @@ class FakeDecider:
     own `answer` with uniform probabilities (raw mass 1.0), so responses are well-formed and deterministic;
     usage counts one token per whitespace-separated word of the state. Every call is recorded in `calls`.
     `gate` (a threading.Event) makes each call wait until it is set (at most `gate_timeout_s`), and
-    `delay_s` makes it sleep after that: slow model passes for queue and timeout tests. `stats` has the
+    `delay_s` makes it sleep after that: slow model passes for queue and timeout tests; `fail_with` (an
+    exception) is raised by every call: a server bug, for the 5xx path. `stats` has the
     real prefix cache's counters: a state seen before counts as a hit, a new one as a miss.
     """
 
@@ -180,11 +181,14 @@ class FakeDecider:
         self._seen: dict[str, int] = {}  # state as JSON -> its size in bytes
         self._counters = dict.fromkeys(("hits", "partial_hits", "misses", "reused_tokens"), 0)
         self._max_bytes = max_bytes
+        self.fail_with: Exception | None = None
 
     def decide(self, state, questions, calibration=None, order_reads=None):
         from typedlm.core.answers import Response, Usage
 
         self.calls.append(FakeCall(state, dict(questions), calibration, order_reads))
+        if self.fail_with is not None:
+            raise self.fail_with
         if self.gate is not None:
             self.gate.wait(self.gate_timeout_s)
         if self.delay_s:

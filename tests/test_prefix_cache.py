@@ -74,12 +74,16 @@ def test_answers_are_the_same_with_and_without_the_cache(tokenizer):
     first = cached.decide(turn1, QUESTIONS)
     again = cached.decide(turn1, QUESTIONS)  # repeated state: a hit, nothing prefilled
     assert _probabilities(first) == _probabilities(again)  # the same keys/values: bit for bit
-    assert again.usage.input_tokens < first.usage.input_tokens
+    # usage means one thing: the whole prompt every time; what the cache served is counted apart
+    assert again.usage.input_tokens == first.usage.input_tokens
+    assert again.usage.cached_tokens > first.usage.cached_tokens
+    assert again.to_wire()["usage"]["x_cached_tokens"] == again.usage.cached_tokens
     assert _probabilities(uncached.decide(turn1, QUESTIONS)) == _probabilities(first)
 
     grown = cached.decide(turn2, QUESTIONS)  # extends turn 1: only the new tokens are prefilled
     reference = uncached.decide(turn2, QUESTIONS)
-    assert grown.usage.input_tokens < reference.usage.input_tokens
+    assert grown.usage.input_tokens == reference.usage.input_tokens
+    assert grown.usage.cached_tokens > reference.usage.cached_tokens
     assert max(abs(a - b) for a, b in zip(_probabilities(grown), _probabilities(reference), strict=True)) < 1e-5
     stats = cached.stats()["prefix_cache"]
     assert stats["hits"] == 1 and stats["partial_hits"] == 1 and stats["misses"] == 1

@@ -158,8 +158,11 @@ def test_health_and_metrics_count_the_real_prefix_cache(server_url):
     health = httpx.get(server_url + "/health").json()
     assert health["status"] == "ok" and health["model"] == "smollm2-135m-instruct"
     assert health["prefix_cache"]["max_bytes"] > 0
-    post(server_url, BODY)
-    post(server_url, BODY)  # the same state again: a prefix-cache hit
+    state = {**BODY, "state": "A state this test sends twice, and no other test sends."}
+    first = post(server_url, state).json()["usage"]
+    again = post(server_url, state).json()["usage"]  # the same state again: a prefix-cache hit
+    assert again["input_tokens"] == first["input_tokens"]  # the whole prompt, cached or not
+    assert again["x_cached_tokens"] > first["x_cached_tokens"] > 0  # the system prompt is always cached
     metrics = httpx.get(server_url + "/metrics").text
     hits = next(line for line in metrics.splitlines() if line.startswith("typedlm_prefix_cache_hits_total"))
     assert int(hits.split()[1]) >= 1 and "typedlm_requests_pending 0" in metrics
@@ -217,6 +220,59 @@ def test_invalid_requests_are_422_with_location_and_message(fake_server_url, fak
     assert len(fake_decider.calls) == before  # refused before the model is asked
 
 
+NOUL = '{"q": {"type": "noul"}}'
+
+
+@pytest.mark.parametrize(
+    ("raw", "loc", "words"),
+    [
+        ('{"state": "' + "[" * 5 + '", "questions": ' + NOUL + ', "x": ' + "[" * 1000 + "]" * 1000 + "}", [], "nested"),
+        (
+            '{"state": ' + '{"a": ' * 70 + "1" + "}" * 70 + ', "questions": ' + NOUL + "}",
+            ["state"] + ["a"] * 63,
+            "nested",
+        ),
+        ('{"state": "hi \\ud800", "questions": ' + NOUL + "}", ["state"], "lone surrogate"),
+        (
+            '{"state": "hi", "questions": {"q": {"type": "noul", "instructions": "\\udfff?"}}}',
+            ["questions", "q", "instructions"],
+            "surrogate",
+        ),
+        ('{"state": "hi", "questions": {"q\\ud800": {"type": "noul"}}}', ["questions"], "surrogate"),
+        (
+            '{"state": "hi", "questions": {"q": {"type": "choice", "criteria": {"a\\udc00": null, "b": null}}}}',
+            ["questions", "q", "criteria"],
+            "surrogate",
+        ),
+        ('{"state": "hi", "questions": {"q": {"type": "score", "criteria": [{"v": NaN}, "b"]}}}', [], "NaN"),
+        ('{"state": "hi", "questions": {"q": {"type": "score", "criteria": [{"v": Infinity}, "b"]}}}', [], "Infinity"),
+        ('{"state": "hi", "questions": {"q": {"type": "score", "criteria": [{"v": 1e999}, "b"]}}}', [], "1e999"),
+        ('{"state": "hi", "questions": ' + NOUL + ', "n": ' + "9" * 5000 + "}", [], "out of range"),
+    ],
+)
+def test_json_nobody_can_answer_is_a_422_and_the_connection_stays_usable(
+    fake_server_url, fake_decider, raw, loc, words
+):
+    # deep nesting, lone surrogates and non-finite numbers were 500s (RecursionError, UnicodeEncodeError in the
+    # tokenizer or the response, ValueError), each closing the keep-alive connection under the client
+    before = len(fake_decider.calls)
+    with httpx.Client(base_url=fake_server_url, timeout=30) as client:
+        headers = {"content-type": "application/json"}
+        resp = client.post("/v1/systemone", content=raw.encode(), headers=headers)
+        assert_validation(resp, loc, words)
+        assert client.post("/v1/systemone", json=BODY).status_code == 200  # the same connection
+    assert len(fake_decider.calls) == before + 1
+
+
+def test_a_server_error_says_the_connection_closes():
+    failing = FakeDecider()
+    failing.fail_with = RuntimeError("a bug")
+    with ServerThread(create_app(failing)) as url:
+        resp = post(url, BODY)
+    assert resp.status_code == 500 and resp.headers["connection"] == "close"
+    assert resp.json()["detail"]["error_type"] == "internal_error"
+
+
 def test_unknown_model_is_a_404_naming_the_served_models(fake_server_url, fake_decider):
     detail = assert_error(post(fake_server_url, {**BODY, "model": "gpt-9"}), 404, "model_not_found", fake_decider.name)
     assert "jev-latest" in detail["message"] and "gpt-9" in detail["message"]
@@ -230,10 +286,12 @@ def test_body_size_limits_hold_before_and_after_decompression():
     settings = ServerSettings(max_body_bytes=4096)
     with ServerThread(create_app(FakeDecider(), settings)) as url:
         big = json.dumps({**BODY, "state": "x" * 5000}).encode()
-        assert_error(post(url, content=big), 413, "request_too_large", "4096 bytes")
+        detail = assert_error(post(url, content=big), 413, "request_too_large", "4096 bytes")
+        assert "decompression" not in detail["message"]  # a plain body
         bomb = zstd.compress(b" " * 10_000_000)  # tiny on the wire, 10 MB inflated
         assert len(bomb) < 4096
-        assert_error(post(url, content=bomb, headers={"content-encoding": "zstd"}), 413, "request_too_large")
+        headers = {"content-encoding": "zstd"}
+        assert_error(post(url, content=bomb, headers=headers), 413, "request_too_large", "after decompression")
         assert_error(
             post(url, content=gzip.compress(big), headers={"content-encoding": "gzip"}), 413, "request_too_large"
         )
@@ -271,6 +329,56 @@ def test_auth_refuses_missing_and_wrong_keys(fake_keyed_server_url, headers, wor
     detail = assert_error(resp, 401, "authentication_error", words)
     assert detail and resp.headers["www-authenticate"] == "Bearer"
     assert httpx.get(fake_keyed_server_url + "/v1/models", headers=headers).status_code == 401
+
+
+def _raw_post(url: str, authorization: bytes) -> int:
+    """POST BODY with an Authorization header sent byte for byte (httpx refuses some of these values itself)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    where = urlsplit(url)
+    body = json.dumps(BODY).encode()
+    request = (
+        b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
+        + b"Authorization: "
+        + authorization
+        + b"\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    with socket.create_connection((where.hostname, where.port), timeout=30) as conn:
+        conn.sendall(request)
+        reply = b""
+        while chunk := conn.recv(65536):
+            reply += chunk
+    return int(reply.split(b" ", 2)[1])
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        b"Bearer  key-one",  # two spaces
+        b"Bearer\tkey-one",
+        b"Bearer key-one\x0b",  # a control byte
+        b"Bearer key-one\xc2\xa0",  # a non-breaking space (UTF-8)
+        b"Bearer key-one\xc2\x85",  # NEL
+        b"Bearerkey-one",
+        b"Bearer ",
+    ],
+)
+def test_auth_compares_the_exact_token_after_one_bearer(fake_keyed_server_url, value):
+    # (whitespace around the whole value is not part of it in HTTP, RFC 9110 5.5: the server never sees it;
+    # the HTTP parser itself refuses a control byte with a 400)
+    assert _raw_post(fake_keyed_server_url, value) in (400, 401)
+    assert _raw_post(fake_keyed_server_url, b"Bearer key-one") == 200
+
+
+def test_auth_takes_any_case_of_the_scheme_and_refuses_two_headers(fake_keyed_server_url):
+    for scheme in ("bearer", "BEARER", "BeArEr"):
+        assert post(fake_keyed_server_url, BODY, headers={"authorization": f"{scheme} key-one"}).status_code == 200
+    two = [("authorization", "Bearer key-one"), ("authorization", "Bearer key-two")]
+    resp = httpx.post(fake_keyed_server_url + "/v1/systemone", json=BODY, headers=two)
+    assert_error(resp, 401, "authentication_error", "one Authorization header")
 
 
 @pytest.mark.parametrize("key", ["key-one", "key-two"])

@@ -79,11 +79,16 @@ Answer = NoulAnswer | ChoiceAnswer | ScoreAnswer
 
 @dataclass(frozen=True)
 class Usage:
-    input_tokens: int  # tokens run through the model for this request
+    input_tokens: int  # the request's whole prompt: system prompt, state, every question's suffix and label tokens
     output_tokens: int = 0  # nothing is generated
+    cached_tokens: int = 0  # of input_tokens, those served from the prefix cache instead of run through the model
 
     def to_wire(self) -> dict[str, int]:
-        return {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens}
+        return {
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            "x_cached_tokens": self.cached_tokens,
+        }
 
 
 @dataclass(frozen=True)

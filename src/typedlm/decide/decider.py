@@ -196,7 +196,7 @@ class Decider:
         masses, prefix = self.engine.run(prompt.prefix_array[shared:], items, base, keep_prefix=keep)
         if prefix is not None and prefix.length > shared:
             self.prefix_cache.insert(prompt.prefix_ids, prefix)
-        processed = len(prompt.prefix_ids) - shared + sum(len(i.suffix_ids) + len(i.labels.inner_nodes) for i in items)
+        total = len(prompt.prefix_ids) + sum(len(i.suffix_ids) + len(i.labels.inner_nodes) for i in items)
         # 6. the content-free priors of the same reads
         priors = self._content_free(flat) if contextual else None
         reads: dict[str, Reads] = {}
@@ -205,7 +205,7 @@ class Decider:
             entry.masses.append(unrotate(masses[i], order))
             if priors:
                 entry.priors.append(unrotate(priors[i], order))
-        return Reading(reads, processed)
+        return Reading(reads, total, shared)
 
     def _content_free(self, flat: list[tuple[str, Question, list[int]]]) -> list[list[float]]:
         """Masses of each read's question on the content-free document, remembered per suffix text (the
@@ -269,7 +269,7 @@ class Decider:
         extras: dict[str, Any] = {"calibration": method}
         if k > 1:
             extras["order_reads"] = k
-        return Response(self.name, answers, Usage(reading.input_tokens), extras)
+        return Response(self.name, answers, Usage(reading.input_tokens, cached_tokens=reading.cached_tokens), extras)
 
     def needs_prior(self, method: str) -> bool:
         """Whether `method` reads the content-free priors."""

@@ -24,7 +24,8 @@ class Reading:
     """The reads of every question of one request (keyed like its questions) and the tokens run for them."""
 
     reads: dict[str, Reads]
-    input_tokens: int
+    input_tokens: int  # the whole prompt: prefix, every suffix and label-tree token
+    cached_tokens: int = 0  # of them, the prefix tokens served from the prefix cache
 
 
 def rotations(question: Question, k: int) -> list[tuple[Question, list[int]]]:

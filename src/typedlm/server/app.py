@@ -13,14 +13,14 @@ from typing import Any, Protocol
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.openapi.utils import get_openapi
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from typedlm.core.answers import Response
 from typedlm.core.errors import InvalidRequest, LimitExceeded
 from typedlm.core.questions import Question, Text, parse_request
 from typedlm.server import chat, schemas
 from typedlm.server.auth import check_bearer
-from typedlm.server.body import parse_json, read_body
+from typedlm.server.body import NotJSON, parse_json, read_body
 from typedlm.server.errors import APIError, install_handlers
 from typedlm.server.settings import ServerSettings
 from typedlm.server.worker import ModelWorker
@@ -122,9 +122,10 @@ def create_app(decider: DeciderLike, settings: ServerSettings | None = None) -> 
                 lines.append(f"typedlm_{group}_{name}{suffix} {value}")
         return "\n".join(lines) + "\n"
 
-    @app.post("/v1/chat/completions", dependencies=[Depends(authorized)], summary="A decision in the OpenAI chat shape")
-    async def chat_completions(request: Request) -> JSONResponse:
+    @app.post("/v1/chat/completions", summary="A decision in the OpenAI chat shape")
+    async def chat_completions(request: Request) -> Any:
         try:
+            check_bearer(request, settings.api_keys)  # here, not as a dependency: errors in OpenAI's shape
             body = parse_json(await read_body(request, settings.max_body_bytes))
             model, state, questions = chat.parse_chat(body)
             check_model(model)
@@ -132,12 +133,23 @@ def create_app(decider: DeciderLike, settings: ServerSettings | None = None) -> 
         except LimitExceeded as exc:
             return chat.openai_error(413, str(exc))
         except InvalidRequest as exc:
-            return chat.openai_error(400, str(exc), ".".join(map(str, exc.loc)) or None)
+            param = None if isinstance(exc, NotJSON) else ".".join(map(str, exc.loc)) or None
+            return chat.openai_error(400, str(exc), param)
         except APIError as exc:
             if exc.status >= 500:
                 raise
-            return chat.openai_error(exc.status, exc.message, kind=exc.error_type)
-        return JSONResponse(chat.completion(response.model, response.to_wire()["answers"], response.usage.input_tokens))
+            return chat.openai_error(exc.status, exc.message, kind=exc.error_type, headers=exc.headers)
+        answers, tokens, cached = (
+            response.to_wire()["answers"],
+            response.usage.input_tokens,
+            response.usage.cached_tokens,
+        )
+        if body.get("stream"):
+            options = body.get("stream_options")
+            include_usage = isinstance(options, dict) and options.get("include_usage") is True
+            events = chat.stream_events(response.model, answers, tokens, cached, include_usage)
+            return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        return JSONResponse(chat.completion(response.model, answers, tokens, cached))
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:

@@ -17,17 +17,25 @@ def _matches(given: str, keys: tuple[str, ...]) -> bool:
     return found
 
 
+SCHEME = "bearer "  # RFC 7235: the scheme is case-insensitive, one space, then the token exactly as configured
+
+
 def check_bearer(request: Request, keys: tuple[str, ...]) -> None:
-    """Raise 401 unless auth is off or `Authorization: Bearer <key>` holds a configured key."""
+    """Raise 401 unless auth is off or the one `Authorization` header is `Bearer <key>` with a configured key.
+
+    The token is compared as sent: no trimming, no folding of spaces, tabs or control characters (a key padded
+    with them is not the key); two Authorization headers are refused rather than one of them picked."""
     if not keys:
         return
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
-    if not header:
+    headers = request.headers.getlist("authorization")
+    header = headers[0] if headers else ""
+    if not headers:
         message = "an API key is required: send Authorization: Bearer <key>"
-    elif scheme.lower() != "bearer" or not token.strip():
+    elif len(headers) > 1:
+        message = "send one Authorization header, not several"
+    elif header[: len(SCHEME)].lower() != SCHEME or len(header) == len(SCHEME):
         message = "the Authorization header must be 'Bearer <key>'"
-    elif not _matches(token.strip(), keys):
+    elif not _matches(header[len(SCHEME) :], keys):
         message = "the API key is not valid"
     else:
         return

@@ -10,12 +10,14 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 from fastapi.responses import JSONResponse
 
 from typedlm.core.errors import InvalidRequest
 from typedlm.core.questions import Question, Text, parse_questions
+from typedlm.server.body import NotJSON, parse_json
 
 NOT_A_DECISION = (
     "this server decides, it does not generate: put the questions (the `questions` object of /v1/systemone, "
@@ -23,8 +25,15 @@ NOT_A_DECISION = (
 )
 
 
-def openai_error(status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"):
-    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": None}}, status)
+def openai_error(
+    status: int,
+    message: str,
+    param: str | None = None,
+    kind: str = "invalid_request_error",
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
+    body = {"error": {"message": message, "type": kind, "param": param, "code": None}}
+    return JSONResponse(body, status, headers=headers)
 
 
 def _text(content: Any) -> str | None:
@@ -46,9 +55,11 @@ def parse_chat(body: Any) -> tuple[str | None, Text, dict[str, Question]]:
     system = [_text(m.get("content")) for m in messages if m.get("role") in ("system", "developer")]
     user = [_text(m.get("content")) for m in messages if m.get("role") == "user"]
     try:
-        schema = json.loads(system[0]) if system and system[0] else None
-    except json.JSONDecodeError:
-        schema = None
+        schema = parse_json(system[0]) if system and system[0] else None
+    except NotJSON:
+        schema = None  # not JSON: not a decision
+    except InvalidRequest as exc:  # JSON, but refused (a lone surrogate, nesting too deep, a non-finite number)
+        raise InvalidRequest(f"the system message: {exc.message}", ("messages",)) from exc
     if isinstance(schema, dict) and isinstance(schema.get("questions"), dict):
         schema = schema["questions"]
     looks_like_questions = (
@@ -58,11 +69,27 @@ def parse_chat(body: Any) -> tuple[str | None, Text, dict[str, Question]]:
         raise InvalidRequest(NOT_A_DECISION, ("messages",))
     if len(user) != 1 or user[0] is None:
         raise InvalidRequest("send exactly one user message holding the document as text", ("messages",))
+    n = body.get("n")
+    if n is not None and n != 1:
+        raise InvalidRequest(
+            "n must be 1: a decision has one answer (ask again for another read? it is the same)", ("n",)
+        )
+    if body.get("stream") is not None and not isinstance(body["stream"], bool):
+        raise InvalidRequest("stream must be true or false", ("stream",))
     model = body.get("model")
     return (model if isinstance(model, str) else None), user[0], parse_questions(schema)
 
 
-def completion(model: str, answers: dict[str, Any], input_tokens: int) -> dict[str, Any]:
+def usage(input_tokens: int, cached_tokens: int) -> dict[str, Any]:
+    return {
+        "prompt_tokens": input_tokens,
+        "completion_tokens": 0,
+        "total_tokens": input_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }
+
+
+def completion(model: str, answers: dict[str, Any], input_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
     return {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
         "object": "chat.completion",
@@ -76,5 +103,24 @@ def completion(model: str, answers: dict[str, Any], input_tokens: int) -> dict[s
                 "logprobs": None,
             }
         ],
-        "usage": {"prompt_tokens": input_tokens, "completion_tokens": 0, "total_tokens": input_tokens},
+        "usage": usage(input_tokens, cached_tokens),
     }
+
+
+def stream_events(
+    model: str, answers: dict[str, Any], input_tokens: int, cached_tokens: int = 0, include_usage: bool = False
+) -> Iterator[str]:
+    """`stream: true` as OpenAI's server-sent events: one chunk with the whole answer (nothing is generated token
+    by token), one closing it, the usage chunk if asked for (`stream_options.include_usage`), then [DONE]."""
+    head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion.chunk", "created": int(time.time())}
+    head["model"] = model
+    content = json.dumps(answers, ensure_ascii=False)
+    chunks = [
+        {**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": content}, "finish_reason": None}]},
+        {**head, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+    ]
+    if include_usage:
+        chunks.append({**head, "choices": [], "usage": usage(input_tokens, cached_tokens)})
+    for chunk in chunks:
+        yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
+    yield "data: [DONE]\n\n"

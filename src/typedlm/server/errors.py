@@ -43,11 +43,14 @@ def to_response(exc: Exception) -> JSONResponse:
         return JSONResponse(error_body("request_too_large", str(exc)), 413)
     if isinstance(exc, InvalidRequest):
         return JSONResponse(validation_body(exc.loc, exc.message, exc.kind), 422)
+    # after a 5xx the server closes the connection (the exception propagates to it): say so, so that a client
+    # does not send its next request on a connection that is about to be reset
     if isinstance(exc, TypedLMError):
-        return JSONResponse(error_body("model_error", str(exc)), 500)
-    return JSONResponse(error_body("internal_error", "the server failed to answer; this is a bug"), 500)
+        return JSONResponse(error_body("model_error", str(exc)), 500, headers=CLOSE)
+    return JSONResponse(error_body("internal_error", "the server failed to answer; this is a bug"), 500, headers=CLOSE)
 
 
+CLOSE = {"Connection": "close"}
 _STATUS_TYPES = {401: "authentication_error", 404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
 
 

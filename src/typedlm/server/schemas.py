@@ -76,8 +76,9 @@ class ScoreAnswer(BaseModel):
 
 
 class Usage(BaseModel):
-    input_tokens: int
+    input_tokens: int = Field(description="the request's whole prompt, however much of it was cached")
     output_tokens: int
+    x_cached_tokens: int = Field(0, description="of input_tokens, those served from the prefix cache")
 
 
 class SystemOneResponse(BaseModel):
