@@ -80,6 +80,46 @@ def test_a_missing_file_and_a_missing_model_are_clear_errors(tmp_path):
     assert done.returncode == 3 and "does not exist" in done.stderr
 
 
+def test_a_hub_id_that_cannot_be_fetched_fails_at_once(tmp_path):
+    # no cached copy and an unreachable hub: a clear error in seconds, not transformers' minute of retries
+    env = {**os.environ, "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HOME": str(tmp_path)}
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "typedlm.cli", "ask", "--model", "nobody/no-such-model"],
+        input=json.dumps(REQUEST),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert done.returncode == 3 and "cannot be reached" in done.stderr and "typedlm models" in done.stderr
+    assert time.monotonic() - started < 45
+
+
+def test_ask_refuses_a_model_the_request_does_not_mean(embedded_dir):
+    done = typedlm("ask", stdin=json.dumps({**REQUEST, "model": "gpt-9"}))
+    assert done.returncode == 2 and "unknown model 'gpt-9'" in done.stderr and "jev-latest" in done.stderr
+    assert done.stdout == ""
+
+
+def test_calibrate_help_states_the_split_it_uses():
+    assert "(default train)" in typedlm("calibrate", "--help").stdout
+    assert "(default held_out)" in typedlm("eval", "--help").stdout
+
+
+def test_serve_on_a_port_in_use_exits_4_before_loading_the_model():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        started = time.monotonic()
+        # a model that would take minutes to fail if it were loaded first
+        done = typedlm("serve", "--port", str(port), "--model", "nobody/no-such-model")
+    assert done.returncode == 4 and f"127.0.0.1:{port}" in done.stderr and "--port" in done.stderr
+    assert "model" not in done.stderr.split("cannot listen")[0]  # nothing about the model was said or loaded
+    assert time.monotonic() - started < 30
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

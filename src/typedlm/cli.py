@@ -8,7 +8,8 @@
     typedlm eval data.jsonl --url http://127.0.0.1:8000
     typedlm calibrate rotten_tomatoes bbc_news sys1bench --out calibration.json
 
-Bad input prints a clear message on stderr and exits 2; a model that cannot be loaded exits 3.
+Bad input prints a clear message on stderr and exits 2; a model that cannot be loaded exits 3; `serve` on an
+address it cannot listen on (a port in use) exits 4, before loading the model.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from typedlm.server.settings import API_KEYS_ENV
 
 EXIT_BAD_INPUT = 2
 EXIT_MODEL = 3
+EXIT_CANNOT_LISTEN = 4
 
 
 def _add_model_options(parser: argparse.ArgumentParser) -> None:
@@ -65,8 +67,8 @@ def _add_calibration_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_eval_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--split", default="held_out", choices=SPLITS, help="fixed split to use (default held_out)")
+def _add_eval_options(parser: argparse.ArgumentParser, split: str) -> None:
+    parser.add_argument("--split", default=split, choices=SPLITS, help=f"fixed split to use (default {split})")
     parser.add_argument("--limit", type=int, default=None, help="a class-balanced sample of this many examples")
     parser.add_argument("--seed", type=int, default=0, help="seed of the split and the sample (default 0)")
 
@@ -114,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     evaluate = commands.add_parser("eval", help="score labeled examples: accuracy, ECE, Brier, NLL, coverage")
     evaluate.add_argument("data", help=f"a dataset ({', '.join(DATASETS)}) or a JSONL file of examples")
-    _add_eval_options(evaluate)
+    _add_eval_options(evaluate, "held_out")
     evaluate.add_argument(
         "--methods", nargs="+", choices=CALIBRATION_METHODS, default=None, help="default: all available"
     )
@@ -131,8 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_options(evaluate)
     calibrate = commands.add_parser("calibrate", help="fit Platt/temperature calibration on labeled training data")
     calibrate.add_argument("data", nargs="+", help="datasets or JSONL files (their train split is used)")
-    _add_eval_options(calibrate)
-    calibrate.set_defaults(split="train")
+    _add_eval_options(calibrate, "train")
     calibrate.add_argument(
         "--base",
         nargs="+",
@@ -167,10 +168,45 @@ def ask(args: argparse.Namespace) -> int:
     from typedlm.decide.decider import Decider
 
     decider = Decider.load(args.model, args.device, args.dtype, **_calibration_kwargs(args))
+    served = _served_names(decider.name)
+    if request.model is not None and request.model not in served:  # as the server answers it (404)
+        raise InvalidRequest(f"unknown model {request.model!r}; this model answers to: {', '.join(served)}", ("model",))
     response = decider.decide(request.state, request.questions, request.calibration, request.order_reads)
     json.dump(response.to_wire(), sys.stdout, indent=args.indent or None, ensure_ascii=False)
     sys.stdout.write("\n")
     return 0
+
+
+def _served_names(name: str) -> tuple[str, ...]:
+    """The names a request's `model` may use for the model named `name`: it, the default aliases and, for a named
+    model, its short names."""
+    from typedlm.server.settings import DEFAULT_ALIASES
+
+    named = named_model(name)
+    return (name, *DEFAULT_ALIASES, *(named.aliases if named else ()))
+
+
+class CannotListen(TypedLMError):
+    """`serve` cannot listen on its host and port."""
+
+
+def _check_listen(host: str, port: int) -> None:
+    """Bind the address once, before the (slow) model load, so that a port in use fails at once."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise CannotListen(f"cannot listen on {host}:{port}: {exc}") from exc
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            raise CannotListen(
+                f"cannot listen on {host}:{port}: {exc.strerror} (another server there? choose another --port)"
+            ) from exc
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -182,6 +218,7 @@ def serve(args: argparse.Namespace) -> int:
 
     if args.max_queue < 1:
         raise InvalidRequest("--max-queue must be at least 1")
+    _check_listen(args.host, args.port)
     settings = ServerSettings(
         api_keys=tuple(args.api_key) + keys_from_env(),
         max_queue=args.max_queue,
@@ -338,6 +375,9 @@ def main(argv: list[str] | None = None) -> int:
     except ModelError as exc:
         print(f"typedlm: model error: {exc}", file=sys.stderr)
         return EXIT_MODEL
+    except CannotListen as exc:
+        print(f"typedlm: {exc}", file=sys.stderr)
+        return EXIT_CANNOT_LISTEN
     except TypedLMError as exc:
         print(f"typedlm: {exc}", file=sys.stderr)
         return 1

@@ -127,6 +127,31 @@ def pick_dtype(dtype: str | None, device: str) -> torch.dtype:
     return getattr(torch, DTYPES[dtype])
 
 
+HUB_PROBE_TIMEOUT_S = 3.0  # how long a hub id not in the local cache waits to learn the hub is unreachable
+
+
+def _check_hub_reachable(repo_id: str) -> None:
+    """A hub id that is not in the local cache needs the hub: fail at once, naming what to do, where the hub
+    cannot be reached (transformers would retry for about a minute before saying so)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    if constants.HF_HUB_OFFLINE or try_to_load_from_cache(repo_id, "config.json") is not None:
+        return  # offline mode (transformers reports a missing file itself) or already downloaded
+    endpoint = urlsplit(constants.ENDPOINT)
+    port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
+    try:
+        socket.create_connection((endpoint.hostname, port), timeout=HUB_PROBE_TIMEOUT_S).close()
+    except OSError as exc:
+        raise ModelError(
+            f"{repo_id!r} is not a named model, a local path or a model in the Hugging Face cache, and the hub "
+            f"({endpoint.hostname}) cannot be reached: {exc}. Use a named model (typedlm models), a local "
+            "directory or .gguf file, or download it where the hub is reachable"
+        ) from exc
+
+
 def load_model(model: str | None = None, device: str = "cpu", dtype: str | None = None) -> LoadedModel:
     """Load a causal LM and its tokenizer for reading answers.
 
@@ -139,6 +164,8 @@ def load_model(model: str | None = None, device: str = "cpu", dtype: str | None 
         raise ModelError(f"unknown device {device!r}; use one of {', '.join(DEVICES)}")
     source, name = resolve(model)
     torch_dtype = pick_dtype(dtype, device)
+    if source == model and model is not None:
+        _check_hub_reachable(model)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
