@@ -99,6 +99,18 @@ def test_limits_are_checked_before_any_model_work(real_decider, monkeypatch):
         real_decider.respond(BODY)
 
 
+def test_text_no_tokenization_could_fit_is_refused_before_tokenizing(real_decider, monkeypatch):
+    def no_tokenizing(*args, **kwargs):
+        raise AssertionError("an 8 MB state was tokenized only to be refused")
+
+    monkeypatch.setattr(real_decider.layout, "tokenize", no_tokenizing)
+    with pytest.raises(LimitExceeded, match="characters"):
+        real_decider.respond({**BODY, "state": "new text " * 900_000})
+    many_reads = {"q": {"type": "choice", "criteria": {f"option {i} " + "x" * 2000: None for i in range(40)}}}
+    with pytest.raises(LimitExceeded, match="every order read"):  # 40 options of 2 KB, read in 8 orders
+        real_decider.respond({**BODY, "questions": many_reads, "x_order_reads": 8})
+
+
 def test_invalid_bodies_raise_invalid_request(real_decider):
     with pytest.raises(InvalidRequest):
         real_decider.respond({**BODY, "questions": {"q": {"type": "choice", "criteria": {"only": None}}}})

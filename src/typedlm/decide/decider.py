@@ -54,7 +54,10 @@ from typedlm.runtime.models import LoadedModel, load_model, model_fingerprint
 from typedlm.runtime.packing import PackedItem
 from typedlm.runtime.prefix_cache import PrefixCache
 from typedlm.text.labels import Labeler
-from typedlm.text.prompt import PROMPT_VERSION, ChatLayout
+from typedlm.text.prompt import PROMPT_VERSION, ChatLayout, question_block, render_text
+
+MAX_CHARS_PER_TOKEN = 32  # no tokenizer packs more text than this into one token of real text: a bound checked
+# on characters before tokenizing (see Decider._check_size)
 
 CONTENT_FREE_STATE = "N/A"  # the document contextual calibration reads the label prior from
 PRIOR_CACHE_ENTRIES = 4096  # content-free masses remembered, per suffix text
@@ -151,6 +154,20 @@ class Decider:
             )
         return method
 
+    def _check_size(self, state: Text, versions: list[Question]) -> None:
+        """Refuse text too long for any tokenization to fit the token limits, before tokenizing it: an 8 MiB state
+        would otherwise hold the model thread for seconds (and gigabytes) only to be refused after."""
+        limits = [n for n in (self.engine.max_positions, self.max_input_tokens) if n]
+        if not limits:
+            return
+        chars = len(render_text(state)) + sum(len(question_block(version)) for version in versions)
+        if chars > MAX_CHARS_PER_TOKEN * min(limits):
+            raise LimitExceeded(
+                f"the request holds {chars} characters of text (state and questions, every order read); this "
+                f"server reads at most {min(limits)} tokens, never more than {MAX_CHARS_PER_TOKEN} characters each: "
+                "shorten the state or send fewer questions"
+            )
+
     def _check_limits(self, prefix_len: int, items: list[PackedItem], qids: list[str]) -> None:
         context = self.engine.max_positions
         if context:
@@ -183,6 +200,7 @@ class Decider:
         # 1-2. every read's question version, labels and token ids, all before any model work
         versions = {q: rotations(questions[q], order_reads) for q in qids}
         flat = [(q, version, order) for q in qids for version, order in versions[q]]
+        self._check_size(state, [version for _, version, _ in flat])
         prompt = self.layout.tokenize(state, [version for _, version, _ in flat])
         items = [
             PackedItem(ids, self.labeler.for_question(version)) for (_, version, _), ids in zip(flat, prompt.suffix_ids)
