@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import threading
 import time
 
@@ -152,6 +153,36 @@ def test_models_health_and_docs(fake_server_url, fake_decider):
     assert httpx.get(fake_server_url + "/docs").status_code == 200
     spec = httpx.get(fake_server_url + "/openapi.json").json()
     assert "SystemOneRequest" in spec["components"]["schemas"] and "/v1/chat/completions" in spec["paths"]
+
+
+def test_docs_work_offline_from_local_files(fake_server_url):
+    page = httpx.get(fake_server_url + "/docs").text
+    assert "http://" not in page.replace("http://127.0.0.1", "") and "https://" not in page, "no CDN"
+    for asset in re.findall(r'(?:src|href)="(/docs-assets/[^"]+)"', page):
+        resp = httpx.get(fake_server_url + asset)
+        assert resp.status_code == 200 and resp.content, asset
+    assert "swagger-ui-bundle.js" in page
+
+
+def test_openapi_says_what_the_server_does(fake_server_url, fake_decider):
+    spec = httpx.get(fake_server_url + "/openapi.json").json()
+    statuses = {path: {m: set(op["responses"]) for m, op in ops.items()} for path, ops in spec["paths"].items()}
+    assert statuses["/v1/systemone"]["post"] >= {"200", "400", "401", "404", "413", "415", "422", "503", "504"}
+    assert statuses["/v1/models"]["get"] == {"200", "401"}
+    assert statuses["/v1/chat/completions"]["post"] >= {"200", "400", "401", "404", "413", "503", "504"}
+    schemas = spec["components"]["schemas"]
+    request = schemas["SystemOneRequest"]
+    assert set(request["required"]) == {"state", "questions"}  # a body without model gets 200:
+    assert post(fake_server_url, {k: v for k, v in BODY.items() if k != "model"}).status_code == 200
+    assert request["properties"]["questions"]["minProperties"] == 1  # and {} gets 422:
+    assert post(fake_server_url, {**BODY, "questions": {}}).status_code == 422
+    choice = schemas["ChoiceQuestion"]["properties"]["criteria"]
+    assert (choice["minProperties"], choice["maxProperties"]) == (2, 255)
+    score = schemas["ScoreQuestion"]["properties"]["criteria"]
+    assert (score["minItems"], score["maxItems"]) == (2, 10)
+    assert "ChatRequest" in schemas and "$ref" in str(spec["paths"]["/v1/chat/completions"]["post"]["requestBody"])
+    error = spec["paths"]["/v1/systemone"]["post"]["responses"]["422"]["content"]["application/json"]["schema"]
+    assert error["$ref"].endswith("/ValidationBody")
 
 
 def test_health_and_metrics_count_the_real_prefix_cache(server_url):

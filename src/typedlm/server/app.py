@@ -12,8 +12,11 @@ from contextlib import asynccontextmanager
 from typing import Any, Protocol
 
 from fastapi import Depends, FastAPI, Request
+from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.openapi.utils import get_openapi
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.staticfiles import StaticFiles
+from swagger_ui_bundle import swagger_ui_path
 
 from typedlm.core.answers import Response
 from typedlm.core.errors import InvalidRequest, LimitExceeded
@@ -26,6 +29,18 @@ from typedlm.server.settings import ServerSettings
 from typedlm.server.worker import ModelWorker
 
 VERSION = "0.1.0"
+DOCS_ASSETS = "/docs-assets"  # Swagger UI's files, served from the swagger-ui-bundle package: /docs works offline
+
+
+def _responses(statuses: dict[int, str], body: type = schemas.ErrorBody) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` for error statuses: each with its description and body (422: the validation shape)."""
+    return {
+        status: {
+            "model": schemas.ValidationBody if status == 422 and body is schemas.ErrorBody else body,
+            "description": description,
+        }
+        for status, description in statuses.items()
+    }
 
 
 class DeciderLike(Protocol):
@@ -56,7 +71,21 @@ def create_app(decider: DeciderLike, settings: ServerSettings | None = None) -> 
         version=VERSION,
         description="Typed decisions (noul, choice, score) read from one forward pass; TypeSafe System One API.",
         lifespan=lifespan,
+        docs_url=None,  # served below from local files, not a CDN
+        redoc_url=None,
     )
+    app.mount(DOCS_ASSETS, StaticFiles(directory=swagger_ui_path), name="docs-assets")
+
+    @app.get("/docs", include_in_schema=False)
+    async def docs() -> HTMLResponse:
+        return get_swagger_ui_html(
+            openapi_url=app.openapi_url,
+            title=f"{app.title} API",
+            swagger_js_url=f"{DOCS_ASSETS}/swagger-ui-bundle.js",
+            swagger_css_url=f"{DOCS_ASSETS}/swagger-ui.css",
+            swagger_favicon_url=f"{DOCS_ASSETS}/favicon-32x32.png",
+        )
+
     app.state.worker = worker
     app.state.settings = settings
     install_handlers(app)
@@ -83,11 +112,18 @@ def create_app(decider: DeciderLike, settings: ServerSettings | None = None) -> 
         dependencies=[Depends(authorized)],
         summary="Answer typed questions about a state",
         response_model=schemas.SystemOneResponse,
-        responses={
-            401: {"model": schemas.ErrorBody},
-            413: {"model": schemas.ErrorBody},
-            503: {"model": schemas.ErrorBody},
-        },
+        responses=_responses(
+            {
+                400: "a corrupt compressed body",
+                401: "auth on and the key missing or wrong",
+                404: "an unknown model",
+                413: "a body or prompt over the limits",
+                415: "an unsupported Content-Encoding",
+                422: "invalid JSON or an invalid request",
+                503: "the queue is full (Retry-After)",
+                504: "the answer took longer than the timeout",
+            }
+        ),
         openapi_extra={"requestBody": {**json_body, "required": True}},
     )
     async def systemone(request: Request) -> JSONResponse:
@@ -97,7 +133,13 @@ def create_app(decider: DeciderLike, settings: ServerSettings | None = None) -> 
         response = await answer(parsed.state, parsed.questions, parsed.calibration, parsed.order_reads)
         return JSONResponse(response.to_wire())
 
-    @app.get("/v1/models", dependencies=[Depends(authorized)], response_model=schemas.ModelList, summary="List models")
+    @app.get(
+        "/v1/models",
+        dependencies=[Depends(authorized)],
+        response_model=schemas.ModelList,
+        summary="List models",
+        responses=_responses({401: "auth on and the key missing or wrong"}),
+    )
     async def models() -> dict[str, Any]:
         served = {"name": decider.name, "description": f"{decider.name}, served by typedlm {VERSION}"}
         aliases = [{"name": alias, "description": f"Alias of {decider.name}"} for alias in settings.aliases]
@@ -122,7 +164,29 @@ def create_app(decider: DeciderLike, settings: ServerSettings | None = None) -> 
                 lines.append(f"typedlm_{group}_{name}{suffix} {value}")
         return "\n".join(lines) + "\n"
 
-    @app.post("/v1/chat/completions", summary="A decision in the OpenAI chat shape")
+    chat_body = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/ChatRequest"}}}}
+
+    @app.post(
+        "/v1/chat/completions",
+        summary="A decision in the OpenAI chat shape",
+        response_model=schemas.ChatCompletion,
+        responses={
+            200: {"content": {"text/event-stream": {"schema": {"type": "string"}}}},
+            **_responses(
+                {
+                    400: "not a decision, or an invalid request",
+                    401: "auth on and the key missing or wrong",
+                    404: "an unknown model",
+                    413: "a body or prompt over the limits",
+                    415: "an unsupported Content-Encoding",
+                    503: "the queue is full (Retry-After)",
+                    504: "the answer took longer than the timeout",
+                },
+                schemas.ChatErrorBody,
+            ),
+        },
+        openapi_extra={"requestBody": {**chat_body, "required": True}},
+    )
     async def chat_completions(request: Request) -> Any:
         try:
             check_bearer(request, settings.api_keys)  # here, not as a dependency: errors in OpenAI's shape
@@ -135,9 +199,7 @@ def create_app(decider: DeciderLike, settings: ServerSettings | None = None) -> 
         except InvalidRequest as exc:
             param = None if isinstance(exc, NotJSON) else ".".join(map(str, exc.loc)) or None
             return chat.openai_error(400, str(exc), param)
-        except APIError as exc:
-            if exc.status >= 500:
-                raise
+        except APIError as exc:  # 4xx, and the worker's 503 (queue full) and 504 (timeout)
             return chat.openai_error(exc.status, exc.message, kind=exc.error_type, headers=exc.headers)
         answers, tokens, cached = (
             response.to_wire()["answers"],
@@ -158,6 +220,9 @@ def create_app(decider: DeciderLike, settings: ServerSettings | None = None) -> 
             components = spec.setdefault("components", {}).setdefault("schemas", {})
             components.update(request_schema.pop("$defs", {}))
             components["SystemOneRequest"] = request_schema
+            chat_schema = schemas.ChatRequest.model_json_schema(ref_template="#/components/schemas/{model}")
+            components.update(chat_schema.pop("$defs", {}))
+            components["ChatRequest"] = chat_schema
             app.openapi_schema = spec
         return app.openapi_schema
 

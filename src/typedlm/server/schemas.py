@@ -28,7 +28,11 @@ class ChoiceQuestion(BaseModel):
     type: Literal["choice"]
     instructions: JSONText | None = Field(None, examples=["What is the tone of this message?"])
     criteria: dict[str, JSONText | None] = Field(
-        ..., description="2 to 255 option names → descriptions (or null).", examples=[{"angry": "upset", "calm": None}]
+        ...,
+        description="2 to 255 option names → descriptions (or null).",
+        examples=[{"angry": "upset", "calm": None}],
+        min_length=2,
+        max_length=255,
     )
 
 
@@ -36,14 +40,24 @@ class ScoreQuestion(BaseModel):
     type: Literal["score"]
     instructions: JSONText | None = Field(None, examples=["How urgent is this message?"])
     criteria: list[JSONText] = Field(
-        ..., description="2 to 10 ordered levels; level i scores i.", examples=[["low", "high"]]
+        ...,
+        description="2 to 10 ordered levels; level i scores i.",
+        examples=[["low", "high"]],
+        min_length=2,
+        max_length=10,
     )
 
 
 class SystemOneRequest(BaseModel):
-    model: str = Field(..., description="The served model's name, or the alias jev-latest.", examples=["jev-latest"])
+    model: str | None = Field(
+        None,
+        description="The served model's name or an alias (jev-latest); any other is a 404.",
+        examples=["jev-latest"],
+    )
     state: JSONText = Field(..., description="The document every question refers to.")
-    questions: dict[str, NoulQuestion | ChoiceQuestion | ScoreQuestion] = Field(..., description="Named questions.")
+    questions: dict[str, NoulQuestion | ChoiceQuestion | ScoreQuestion] = Field(
+        ..., description="Named questions, at least one.", min_length=1
+    )
     x_calibration: Literal["raw", "contextual", "fitted"] | None = Field(
         None, description="Calibration method for this request (default: the server's)."
     )
@@ -104,3 +118,49 @@ class ErrorDetail(BaseModel):
 
 class ErrorBody(BaseModel):
     detail: ErrorDetail
+
+
+class ValidationItem(BaseModel):
+    loc: list[str | int] = Field(..., description='Where: ["body", field, ...].')
+    msg: str
+    type: str
+
+
+class ValidationBody(BaseModel):
+    detail: list[ValidationItem]
+
+
+class ChatMessage(BaseModel):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[dict[str, Any]] = Field(..., description="Text, or content parts of type text.")
+
+
+class ChatRequest(BaseModel):
+    model: str | None = Field(None, examples=["jev-latest"])
+    messages: list[ChatMessage] = Field(
+        ...,
+        description="A system message holding the questions object of /v1/systemone as JSON, and one user message "
+        "holding the document.",
+    )
+    stream: bool | None = Field(None, description="Server-sent events: one chunk with the whole answer, then [DONE].")
+    n: Literal[1] | None = Field(None, description="Only 1: a decision has one answer.")
+
+
+class ChatError(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ChatErrorBody(BaseModel):
+    error: ChatError
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[dict[str, Any]] = Field(..., description="One choice; its message content is the answers as JSON.")
+    usage: dict[str, Any]
