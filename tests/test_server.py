@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 import re
 import threading
 import time
@@ -135,6 +136,44 @@ def test_compressed_bodies(fake_server_url, fake_decider, encoding):
     assert fake_decider.calls[-1].state == BODY["state"]  # decoded byte for byte
 
 
+def scrape(url: str) -> dict[tuple[str, tuple], float]:
+    """/metrics parsed with prometheus_client's own parser: (sample name, sorted labels) → value."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(url + "/metrics").text
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def test_metrics_count_requests_latency_tokens_and_questions(caplog):
+    decider = FakeDecider()
+    with ServerThread(create_app(decider, ServerSettings(log_format="json"))) as url:
+        with caplog.at_level(logging.INFO, logger="typedlm.requests"):
+            assert post(url, BODY).status_code == 200
+            assert post(url, {**BODY, "questions": {}}).status_code == 422
+        text = httpx.get(url + "/metrics").text
+        samples = scrape(url)
+    assert "# HELP typedlm_requests_total" in text and "# TYPE typedlm_request_seconds histogram" in text
+    ok = (("route", "/v1/systemone"), ("status", "200"))
+    assert samples[("typedlm_requests_total", ok)] == 1
+    assert samples[("typedlm_requests_total", (("route", "/v1/systemone"), ("status", "422")))] == 1
+    assert samples[("typedlm_request_seconds_count", (("route", "/v1/systemone"),))] == 2
+    assert samples[("typedlm_forward_seconds_count", ())] == 1  # only the valid request reached the model
+    assert samples[("typedlm_queue_wait_seconds_count", ())] == 1
+    tokens = decider.calls[-1]
+    assert samples[("typedlm_input_tokens_total", ())] == len(json.dumps(tokens.state).split())
+    for kind in ("noul", "choice", "score"):
+        assert samples[("typedlm_questions_total", (("type", kind),))] == 1
+    lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "typedlm.requests"]
+    first, second = lines[-2:]
+    assert first["route"] == "/v1/systemone" and first["status"] == 200 and first["ms"] > 0
+    assert first["questions"] == {"noul": 1, "choice": 1, "score": 1} and first["input_tokens"] > 0
+    assert second["status"] == 422 and "input_tokens" not in second
+
+
 def test_models_health_and_docs(fake_server_url, fake_decider):
     models = httpx.get(fake_server_url + "/v1/models").json()["models"]
     assert [m["name"] for m in models] == [fake_decider.name, "jev-latest"]
@@ -144,12 +183,11 @@ def test_models_health_and_docs(fake_server_url, fake_decider):
     assert health["model"] == fake_decider.name and health["max_queue"] == ServerSettings().max_queue
     post(fake_server_url, BODY)
     post(fake_server_url, BODY)  # the same state again: a (fake) prefix-cache hit
-    metrics = httpx.get(fake_server_url + "/metrics").text
-    hits = next(line for line in metrics.splitlines() if line.startswith("typedlm_prefix_cache_hits_total"))
-    assert int(hits.split()[1]) >= 1 and "typedlm_requests_pending 0" in metrics
+    samples = scrape(fake_server_url)
+    assert samples[("typedlm_prefix_cache_hits_total", ())] >= 1 and samples[("typedlm_requests_pending", ())] == 0
     for name, value in fake_decider.stats()["prefix_cache"].items():  # every counter, cumulative ones as _total
         suffix = "_total" if name in ("hits", "partial_hits", "misses", "reused_tokens") else ""
-        assert f"typedlm_prefix_cache_{name}{suffix} {value}" in metrics.splitlines()
+        assert samples[(f"typedlm_prefix_cache_{name}{suffix}", ())] == value
     assert httpx.get(fake_server_url + "/docs").status_code == 200
     spec = httpx.get(fake_server_url + "/openapi.json").json()
     assert "SystemOneRequest" in spec["components"]["schemas"] and "/v1/chat/completions" in spec["paths"]
@@ -194,9 +232,11 @@ def test_health_and_metrics_count_the_real_prefix_cache(server_url):
     again = post(server_url, state).json()["usage"]  # the same state again: a prefix-cache hit
     assert again["input_tokens"] == first["input_tokens"]  # the whole prompt, cached or not
     assert again["x_cached_tokens"] > first["x_cached_tokens"] > 0  # the system prompt is always cached
-    metrics = httpx.get(server_url + "/metrics").text
-    hits = next(line for line in metrics.splitlines() if line.startswith("typedlm_prefix_cache_hits_total"))
-    assert int(hits.split()[1]) >= 1 and "typedlm_requests_pending 0" in metrics
+    samples = scrape(server_url)
+    assert samples[("typedlm_prefix_cache_hits_total", ())] >= 1 and samples[("typedlm_requests_pending", ())] == 0
+    assert samples[("typedlm_cached_tokens_total", ())] >= again["x_cached_tokens"]
+    info = next(labels for (name, labels) in samples if name == "typedlm_model_info")
+    assert dict(info)["model"] == "smollm2-135m-instruct" and dict(info)["device"] == "cpu"
 
 
 # ---------------------------------------------------------------- errors

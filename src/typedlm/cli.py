@@ -17,9 +17,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import os
 import re
 import sys
+import time
 from pathlib import Path
 
 from typedlm.core.errors import InvalidRequest, ModelError, TypedLMError
@@ -35,6 +37,7 @@ from typedlm.server.settings import API_KEYS_ENV
 EXIT_BAD_INPUT = 2
 EXIT_MODEL = 3
 EXIT_CANNOT_LISTEN = 4
+KEEP_ALIVE_S = 5  # idle keep-alive connections are closed after this many seconds
 
 
 def _add_model_options(parser: argparse.ArgumentParser) -> None:
@@ -95,6 +98,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-queue", type=int, default=16, help="requests running or waiting; more get 503")
     serve.add_argument("--timeout", type=float, default=300.0, help="seconds per request before a 504 (default 300)")
     serve.add_argument("--max-body-bytes", type=int, default=8 << 20, help="request body limit, after decompression")
+    serve.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default="text",
+        help="the one line logged per request: key=value text or JSON (default text)",
+    )
     serve.add_argument("--max-input-tokens", type=int, default=None, help="tokens per request (default: the context)")
     serve.add_argument(
         "--prefix-cache-mb",
@@ -224,10 +233,12 @@ def serve(args: argparse.Namespace) -> int:
         max_queue=args.max_queue,
         request_timeout_s=args.timeout,
         max_body_bytes=args.max_body_bytes,
+        log_format=args.log_format,
     )
     engine = EngineOptions(
         cuda_graphs=None if args.cuda_graphs else False, fused_kernels=None if args.fused_kernels else False
     )
+    started = time.perf_counter()
     decider = Decider.load(
         args.model,
         args.device,
@@ -240,11 +251,26 @@ def serve(args: argparse.Namespace) -> int:
     named = named_model(decider.name)
     if named is not None:  # its short names (qwen2.5-coder-0.5b) name it in requests too
         settings = dataclasses.replace(settings, aliases=(*settings.aliases, *named.aliases))
+    about = decider.describe()
+    print(
+        f"typedlm: loaded {about['model']} in {time.perf_counter() - started:.1f} s: {about['device']}, "
+        f"{about['dtype']}, context {about['context']} tokens, calibration {about['calibration']} "
+        f"(order reads {about['order_reads']}), fingerprint {about['fingerprint']}",
+        file=sys.stderr,
+    )
     for line in decider.features.summary():
         print(f"typedlm: {line}", file=sys.stderr)
     auth = f"{len(settings.api_keys)} API key(s)" if settings.api_keys else "auth off"
     print(f"typedlm: serving {decider.name} on http://{args.host}:{args.port} ({auth})", file=sys.stderr, flush=True)
-    uvicorn.run(create_app(decider, settings), host=args.host, port=args.port, timeout_graceful_shutdown=60)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    uvicorn.run(
+        create_app(decider, settings),
+        host=args.host,
+        port=args.port,
+        timeout_graceful_shutdown=60,
+        access_log=False,  # the request log (typedlm.requests) says more, one line per request
+        timeout_keep_alive=KEEP_ALIVE_S,
+    )
     return 0
 
 

@@ -134,6 +134,19 @@ class Decider:
             options["calibration_file"] = CalibrationFile.load(options["calibration_file"])
         return cls(load_model(model, device, dtype), **options)
 
+    def describe(self) -> dict[str, str]:
+        """The served model in a few strings (the start-up log, the metrics' model info)."""
+        param = next(self.engine.model.parameters())
+        return {
+            "model": self.name,
+            "fingerprint": self.fingerprint,
+            "device": str(param.device),
+            "dtype": str(param.dtype).removeprefix("torch."),
+            "context": str(self.engine.max_positions or "unknown"),
+            "calibration": self.calibration,
+            "order_reads": str(self.order_reads),
+        }
+
     @property
     def features(self) -> Features:
         """What the engine runs with on this model and device (CUDA graphs, kernels, attention)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ class LoadedModel:
     name: str  # what responses report as the model
 
 
+LOG = logging.getLogger("typedlm")
 FINGERPRINT_SAMPLE = 4096  # values read from each sampled parameter tensor
 _CONFIG_NOISE = ("_name_or_path", "transformers_version", "dtype", "torch_dtype", "_attn_implementation_autoset")
 
@@ -79,6 +81,7 @@ def converted_gguf(path: Path, digest: str | None = None) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    LOG.warning("converting %s once into %s (a minute or more; later loads take seconds)", path.name, target)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
         gguf_model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)

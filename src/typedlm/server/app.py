@@ -7,6 +7,7 @@ Routes: POST /v1/systemone, GET /v1/models, POST /v1/chat/completions, GET /heal
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from contextlib import asynccontextmanager
 from typing import Any, Protocol
@@ -16,6 +17,7 @@ from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from swagger_ui_bundle import swagger_ui_path
 
 from typedlm.core.answers import Response
@@ -25,6 +27,7 @@ from typedlm.server import chat, schemas
 from typedlm.server.auth import check_bearer
 from typedlm.server.body import NotJSON, parse_json, read_body
 from typedlm.server.errors import APIError, install_handlers
+from typedlm.server.metrics import RequestLog, RequestRecord, ServerMetrics, route_of
 from typedlm.server.settings import ServerSettings
 from typedlm.server.worker import ModelWorker
 
@@ -86,9 +89,38 @@ def create_app(decider: DeciderLike, settings: ServerSettings | None = None) -> 
             swagger_favicon_url=f"{DOCS_ASSETS}/favicon-32x32.png",
         )
 
+    describe = getattr(decider, "describe", None)
+    metrics = ServerMetrics(describe() if describe else {"model": decider.name}, lambda: worker.pending, decider.stats)
+    worker.on_timing = metrics.timing
+    request_log = RequestLog(json_lines=settings.log_format == "json")
     app.state.worker = worker
     app.state.settings = settings
+    app.state.metrics = metrics
     install_handlers(app)
+
+    @app.middleware("http")
+    async def observe(request: Request, call_next):
+        record = RequestRecord(route_of(request.url.path))
+        request.state.record = record
+        started = time.perf_counter()
+        try:
+            response = await call_next(request)
+            record.status = response.status_code
+        except Exception:
+            record.status = 500
+            raise
+        finally:
+            record.seconds = time.perf_counter() - started
+            metrics.observe(record)
+            request_log.write(record)
+        return response
+
+    def note(request: Request, response: Response, questions: Mapping[str, Question]) -> None:
+        """What the request used, for its metrics and log line."""
+        record = request.state.record
+        record.input_tokens, record.cached_tokens = response.usage.input_tokens, response.usage.cached_tokens
+        for question in questions.values():
+            record.questions[question.kind] = record.questions.get(question.kind, 0) + 1
 
     def authorized(request: Request) -> None:
         check_bearer(request, settings.api_keys)
@@ -131,6 +163,7 @@ def create_app(decider: DeciderLike, settings: ServerSettings | None = None) -> 
         parsed = parse_request(body)
         check_model(parsed.model)
         response = await answer(parsed.state, parsed.questions, parsed.calibration, parsed.order_reads)
+        note(request, response, parsed.questions)
         return JSONResponse(response.to_wire())
 
     @app.get(
@@ -156,13 +189,8 @@ def create_app(decider: DeciderLike, settings: ServerSettings | None = None) -> 
         }
 
     @app.get("/metrics", summary="Prometheus metrics", response_class=PlainTextResponse)
-    async def metrics() -> str:
-        lines = [f"typedlm_requests_pending {worker.pending}"]
-        for group, counters in decider.stats().items():
-            for name, value in counters.items():
-                suffix = "_total" if name in ("hits", "partial_hits", "misses", "reused_tokens") else ""
-                lines.append(f"typedlm_{group}_{name}{suffix} {value}")
-        return "\n".join(lines) + "\n"
+    async def prometheus() -> PlainTextResponse:
+        return PlainTextResponse(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     chat_body = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/ChatRequest"}}}}
 
@@ -194,6 +222,7 @@ def create_app(decider: DeciderLike, settings: ServerSettings | None = None) -> 
             model, state, questions = chat.parse_chat(body)
             check_model(model)
             response = await answer(state, questions)
+            note(request, response, questions)
         except LimitExceeded as exc:
             return chat.openai_error(413, str(exc))
         except InvalidRequest as exc:

@@ -24,3 +24,4 @@ class ServerSettings:
     aliases: tuple[str, ...] = DEFAULT_ALIASES  # model names that mean "the served model"
     retry_after_s: int = 1
     release_date: str = "2026-11-29"  # reported by /v1/models
+    log_format: str = "text"  # the per-request log line: "text" (key=value) or "json"

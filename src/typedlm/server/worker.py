@@ -8,6 +8,7 @@ still counts as pending until it does). `close` waits for in-flight work: gracef
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
@@ -18,10 +19,13 @@ T = TypeVar("T")
 
 
 class ModelWorker:
-    def __init__(self, max_pending: int, retry_after_s: int = 1):
+    def __init__(
+        self, max_pending: int, retry_after_s: int = 1, on_timing: Callable[[float, float], None] | None = None
+    ):
         assert max_pending >= 1, "the queue must admit at least one request"
         self.max_pending = max_pending
         self.retry_after_s = retry_after_s
+        self.on_timing = on_timing  # (seconds waiting for the thread, seconds on it) per request
         self.pending = 0  # touched only on the event loop thread
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="typedlm-model")
 
@@ -37,7 +41,17 @@ class ModelWorker:
                 headers={"Retry-After": str(self.retry_after_s)},
             )
         self.pending += 1
-        future = asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+        submitted = time.perf_counter()
+
+        def timed() -> T:
+            started = time.perf_counter()
+            try:
+                return fn(*args)
+            finally:
+                if self.on_timing is not None:
+                    self.on_timing(started - submitted, time.perf_counter() - started)
+
+        future = asyncio.get_running_loop().run_in_executor(self._executor, timed)
         future.add_done_callback(self._done)
         try:
             return await asyncio.wait_for(asyncio.shield(future), timeout_s)

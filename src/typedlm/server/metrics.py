@@ -1,0 +1,144 @@
+"""Prometheus metrics and the per-request log line, from one observation per request.
+
+Exposed at /metrics (prometheus_client's text format, one registry per app):
+
+    typedlm_requests_total{route,status}        requests answered, by route template and status code
+    typedlm_request_seconds{route}              whole request time (histogram)
+    typedlm_queue_wait_seconds                  time a request waited for the model thread (histogram)
+    typedlm_forward_seconds                     time on the model thread: tokenizing, the forward, answers
+    typedlm_input_tokens_total                  prompt tokens of answered requests (usage.input_tokens)
+    typedlm_cached_tokens_total                 of them, served from the prefix cache
+    typedlm_questions_total{type}               questions answered, by type
+    typedlm_requests_pending                    requests running or waiting for the model thread (gauge)
+    typedlm_prefix_cache_*                      the prefix cache's counters (hits_total, ...) and sizes
+    typedlm_model_info{model,device,dtype,...}  the served model (always 1)
+
+`RequestLog` writes one line per request (text, or JSON with `--log-format json`): route, status, ms, tokens,
+cached tokens, questions.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, Info
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+CUMULATIVE = ("hits", "partial_hits", "misses", "reused_tokens")  # prefix-cache counters; the rest are sizes
+ROUTES = ("/v1/systemone", "/v1/models", "/v1/chat/completions", "/health", "/metrics", "/docs", "/openapi.json")
+LOG = logging.getLogger("typedlm.requests")
+
+
+@dataclass
+class RequestRecord:
+    """What one request did, filled in as it goes (`request.state.record`)."""
+
+    route: str
+    status: int = 0
+    seconds: float = 0.0
+    input_tokens: int | None = None
+    cached_tokens: int | None = None
+    questions: dict[str, int] = field(default_factory=dict)  # type → count
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"route": self.route, "status": self.status, "ms": round(self.seconds * 1000, 2)}
+        if self.input_tokens is not None:
+            out |= {"input_tokens": self.input_tokens, "cached_tokens": self.cached_tokens}
+        if self.questions:
+            out["questions"] = dict(self.questions)
+        return out
+
+
+def route_of(path: str) -> str:
+    """A route label with bounded cardinality: a known route, the docs' assets, or "other"."""
+    if path in ROUTES:
+        return path
+    return "/docs-assets" if path.startswith("/docs-assets/") else "other"
+
+
+class _Live(Collector):
+    """Values read at scrape time: the queue and the prefix cache's counters."""
+
+    def __init__(self, pending: Callable[[], int], stats: Callable[[], Mapping[str, Mapping[str, int]]]):
+        self._pending, self._stats = pending, stats
+
+    def collect(self) -> Iterator[Any]:
+        yield GaugeMetricFamily(
+            "typedlm_requests_pending", "Requests running or waiting for the model thread", value=self._pending()
+        )
+        for group, counters in self._stats().items():
+            for name, value in counters.items():
+                metric = f"typedlm_{group}_{name}"
+                if name in CUMULATIVE:
+                    yield CounterMetricFamily(metric, f"{group}: {name}", value=value)
+                else:
+                    yield GaugeMetricFamily(metric, f"{group}: {name}", value=value)
+
+
+class ServerMetrics:
+    def __init__(
+        self,
+        model: Mapping[str, str],
+        pending: Callable[[], int],
+        stats: Callable[[], Mapping[str, Mapping[str, int]]],
+    ):
+        self.registry = registry = CollectorRegistry()
+        self.requests = Counter(
+            "typedlm_requests", "Requests answered, by route and status", ["route", "status"], registry=registry
+        )
+        self.latency = Histogram(
+            "typedlm_request_seconds", "Whole request time", ["route"], buckets=LATENCY_BUCKETS, registry=registry
+        )
+        self.queue_wait = Histogram(
+            "typedlm_queue_wait_seconds",
+            "Time waiting for the model thread",
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.forward = Histogram(
+            "typedlm_forward_seconds",
+            "Time on the model thread (tokenizing, forward, answers)",
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.input_tokens = Counter("typedlm_input_tokens", "Prompt tokens of answered requests", registry=registry)
+        self.cached_tokens = Counter(
+            "typedlm_cached_tokens", "Prompt tokens served from the prefix cache", registry=registry
+        )
+        self.questions = Counter("typedlm_questions", "Questions answered, by type", ["type"], registry=registry)
+        Info("typedlm_model", "The served model", registry=registry).info(dict(model))
+        registry.register(_Live(pending, stats))
+
+    def timing(self, wait_s: float, run_s: float) -> None:
+        """The model worker's measurements of one request."""
+        self.queue_wait.observe(wait_s)
+        self.forward.observe(run_s)
+
+    def observe(self, record: RequestRecord) -> None:
+        self.requests.labels(record.route, str(record.status)).inc()
+        self.latency.labels(record.route).observe(record.seconds)
+        if record.input_tokens is not None:
+            self.input_tokens.inc(record.input_tokens)
+            self.cached_tokens.inc(record.cached_tokens or 0)
+        for kind, count in record.questions.items():
+            self.questions.labels(kind).inc(count)
+
+
+class RequestLog:
+    """One line per request on the `typedlm.requests` logger: `key=value` text, or JSON."""
+
+    def __init__(self, json_lines: bool = False):
+        self.json_lines = json_lines
+
+    def write(self, record: RequestRecord) -> None:
+        fields = record.to_json()
+        if self.json_lines:
+            LOG.info(json.dumps(fields, ensure_ascii=False))
+        else:
+            LOG.info(" ".join(f"{k}={json.dumps(v) if isinstance(v, dict) else v}" for k, v in fields.items()))
