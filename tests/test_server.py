@@ -335,6 +335,20 @@ def test_json_nobody_can_answer_is_a_422_and_the_connection_stays_usable(
     assert len(fake_decider.calls) == before + 1
 
 
+def test_a_client_gone_mid_upload_is_no_server_error(fake_server_url, caplog):
+    import socket
+    from urllib.parse import urlsplit
+
+    where = urlsplit(fake_server_url)
+    head = b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n"
+    with caplog.at_level(logging.INFO):
+        with socket.create_connection((where.hostname, where.port), timeout=10) as conn:
+            conn.sendall(head + b'{"state": "' + b"x" * 1000)  # then gone
+        time.sleep(0.5)
+        assert post(fake_server_url, BODY).status_code == 200
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], [r.getMessage() for r in caplog.records]
+
+
 def test_a_server_error_says_the_connection_closes():
     failing = FakeDecider()
     failing.fail_with = RuntimeError("a bug")

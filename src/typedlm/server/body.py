@@ -9,6 +9,7 @@ import zlib
 from typing import Any
 
 from fastapi import Request
+from starlette.requests import ClientDisconnect
 
 from typedlm.core.errors import InvalidRequest
 from typedlm.server.errors import APIError
@@ -60,11 +61,14 @@ async def read_body(request: Request, limit: int) -> bytes:
     if declared and declared.isdigit() and int(declared) > limit:
         raise _too_large(limit)
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise _too_large(limit)
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(limit)
+            chunks.append(chunk)
+    except ClientDisconnect as exc:  # the client went away mid-upload: nobody to answer, nothing to log as a bug
+        raise APIError(400, "client_disconnected", "the client closed the connection before sending the body") from exc
     data = b"".join(chunks)
     encodings = [e.strip().lower() for e in request.headers.get("content-encoding", "").split(",") if e.strip()]
     for encoding in reversed(encodings):  # applied in order, so undone in reverse
