@@ -112,3 +112,7 @@ def test_extensions_pick_calibration_and_order_reads():
     assert request.calibration == "contextual" and request.order_reads == 3
     plain = parse_request(body(q={"type": "noul"}))
     assert plain.calibration is None and plain.order_reads is None
+
+
+def test_an_integral_float_is_an_integer_as_json_schema_reads_it():
+    assert parse_request({**body(q={"type": "noul"}), "x_order_reads": 3.0}).order_reads == 3

@@ -251,6 +251,8 @@ def parse_request(body: Any) -> Request:
     if calibration is not None and calibration not in CALIBRATION_METHODS:
         raise InvalidRequest(f"x_calibration must be one of {', '.join(CALIBRATION_METHODS)}", ("x_calibration",))
     order_reads = body.get("x_order_reads")
+    if isinstance(order_reads, float) and order_reads.is_integer():
+        order_reads = int(order_reads)  # JSON has one number type: 2.0 is the integer 2 (as JSON Schema reads it)
     if order_reads is not None and (
         isinstance(order_reads, bool) or not isinstance(order_reads, int) or not 1 <= order_reads <= MAX_ORDER_READS
     ):

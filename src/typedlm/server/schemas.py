@@ -6,7 +6,7 @@ these models describe the same shapes for readers and client generators.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -55,7 +55,7 @@ class SystemOneRequest(BaseModel):
         examples=["jev-latest"],
     )
     state: JSONText = Field(..., description="The document every question refers to.")
-    questions: dict[str, NoulQuestion | ChoiceQuestion | ScoreQuestion] = Field(
+    questions: dict[Annotated[str, Field(min_length=1)], NoulQuestion | ChoiceQuestion | ScoreQuestion] = Field(
         ..., description="Named questions, at least one.", min_length=1
     )
     x_calibration: Literal["raw", "contextual", "fitted"] | None = Field(
