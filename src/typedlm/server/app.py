@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any, Protocol
 
 from fastapi import Depends, FastAPI, Request
@@ -78,6 +79,14 @@ def create_app(decider: DeciderLike, settings: ServerSettings | None = None) -> 
         redoc_url=None,
     )
     app.mount(DOCS_ASSETS, StaticFiles(directory=swagger_ui_path), name="docs-assets")
+
+    playground_page = (Path(__file__).with_name("static") / "playground.html").read_text(encoding="utf-8")
+
+    @app.get("/", include_in_schema=False)
+    @app.get("/playground", include_in_schema=False)
+    async def playground() -> HTMLResponse:
+        """A page to try the server: a document, questions, the answers as bars, the request as curl and Python."""
+        return HTMLResponse(playground_page)
 
     @app.get("/docs", include_in_schema=False)
     async def docs() -> HTMLResponse:

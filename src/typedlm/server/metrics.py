@@ -31,7 +31,17 @@ from prometheus_client.registry import Collector
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 CUMULATIVE = ("hits", "partial_hits", "misses", "reused_tokens")  # prefix-cache counters; the rest are sizes
-ROUTES = ("/v1/systemone", "/v1/models", "/v1/chat/completions", "/health", "/metrics", "/docs", "/openapi.json")
+ROUTES = (
+    "/",
+    "/playground",
+    "/v1/systemone",
+    "/v1/models",
+    "/v1/chat/completions",
+    "/health",
+    "/metrics",
+    "/docs",
+    "/openapi.json",
+)
 LOG = logging.getLogger("typedlm.requests")
 
 

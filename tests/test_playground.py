@@ -1,0 +1,80 @@
+"""The playground page in a real headless Chromium against the real server: it loads, asks, and shows the
+server's own numbers (skipped where playwright or a Chromium is not installed)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import httpx
+import pytest
+
+sync_api = pytest.importorskip("playwright.sync_api")
+CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="needs a Chromium (apt-get install chromium)")
+
+
+@pytest.fixture(scope="module")
+def page():
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        page = browser.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
+        page.errors = errors
+        yield page
+        browser.close()
+
+
+def test_the_page_asks_and_shows_the_servers_numbers(page, server_url):
+    for path in ("/", "/playground"):
+        assert httpx.get(server_url + path).headers["content-type"].startswith("text/html")
+    page.goto(server_url + "/")
+    page.wait_for_selector("text=serving smollm2-135m-instruct")
+    assert "http" not in "".join(
+        page.eval_on_selector_all("script[src], link[href]", "els => els.map(e => e.src || e.href)")
+    )
+    page.fill("#state", "The parcel never arrived and I want my money back today.")
+    page.click("[data-add=noul]")  # a fourth question, filled in
+    page.fill("#questions .question:nth-child(4) .instructions", "Does the customer ask for a refund?")
+    page.click("#ask")
+    page.wait_for_selector(".answer[data-qid=q4]")
+    shown = {
+        qid: {
+            bar.get_attribute("data-label"): float(bar.get_attribute("data-value"))
+            for bar in answer.query_selector_all(".bar")
+        }
+        for answer in page.query_selector_all(".answer")
+        for qid in [answer.get_attribute("data-qid")]
+    }
+    # the same request, sent by the test, answers with the same numbers
+    body = page.evaluate("buildBody()")
+    assert body["questions"]["q4"] == {"type": "noul", "instructions": "Does the customer ask for a refund?"}
+    direct = httpx.post(server_url + "/v1/systemone", json=body).json()["answers"]
+    assert set(shown) == set(direct) == {"billing", "tone", "urgency", "q4"}
+    for qid, answer in direct.items():
+        if answer["type"] == "noul":
+            assert shown[qid]["yes"] == pytest.approx(answer["noul"], abs=1e-12)
+        elif answer["type"] == "choice":
+            assert shown[qid] == pytest.approx(answer["probabilities"], abs=1e-12)
+        else:
+            values = [shown[qid][f"{i}: {answer['legend'][i]}"] for i in answer["probabilities"]]
+            assert values == pytest.approx(list(answer["probabilities"].values()), abs=1e-12)
+    usage = page.inner_text("#usage")
+    assert "input tokens" in usage and " ms" in usage
+    # the request shown as curl is the request sent
+    curl = page.inner_text("#curl")
+    assert json.loads(curl.split("-d '", 1)[1].rsplit("'", 1)[0]) == body
+    assert "TypeSafeClient" in page.inner_text("#python") and "Noul(" in page.inner_text("#python")
+    assert not page.errors
+
+
+def test_a_refused_request_shows_the_servers_message(page, server_url):
+    page.goto(server_url + "/playground")
+    page.wait_for_selector("#questions .question")
+    page.select_option("#questions .question:nth-child(2) .qtype", "choice")
+    page.fill("#questions .question:nth-child(2) .criteria", "only one option")
+    page.click("#ask")
+    error = page.wait_for_selector("#answers .error")
+    assert "422" in error.inner_text() and "2 to 255" in error.inner_text()
