@@ -1,0 +1,191 @@
+"""Soak: many requests over many distinct documents against a real `typedlm serve`, its memory sampled.
+
+    python benchmarks/soak.py --requests 100000 --documents 5000 --clients 4 [--model M] [--out FILE]
+
+The server runs as its own process (the embedded model by default, prefix cache on); `--clients` threads send
+/v1/systemone requests whose documents cycle through `--documents` distinct texts (so the prefix cache fills,
+evicts and hits), with a bad request (deep nesting, a lone surrogate, an oversized state) every 50th. The
+server's RSS (from /proc) is sampled every `--sample-every` requests. Prints the curve as a table and ends with
+one JSON line: requests, statuses by code, 5xx count, connection errors, RSS at 10% and at the end, their ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import itertools
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+QUESTIONS = {
+    "billing": {"type": "noul", "instructions": "Is this message about billing?"},
+    "tone": {"type": "choice", "criteria": {"angry": "upset", "calm": None, "excited": None}},
+    "urgency": {"type": "score", "criteria": ["can wait", "this week", "today"]},
+}
+WORDS = [
+    "order",
+    "parcel",
+    "refund",
+    "invoice",
+    "charged",
+    "twice",
+    "delayed",
+    "account",
+    "password",
+    "login",
+    "shipping",
+    "tracking",
+    "broken",
+]
+BAD = (
+    b'{"state": ' + b"[" * 2000 + b"]" * 2000 + b', "questions": {"q": {"type": "noul"}}}',
+    b'{"state": "hi \\ud800", "questions": {"q": {"type": "noul"}}}',
+    json.dumps({"state": "word " * 400_000, "questions": {"q": {"type": "noul"}}}).encode(),
+)
+
+
+def document(i: int) -> str:
+    """A distinct, deterministic customer message of 40-120 words."""
+    words = [WORDS[(i * 7 + k * 13 + k * k) % len(WORDS)] for k in range(40 + i % 80)]
+    return f"Ticket {i}: " + " ".join(words) + "."
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=100_000)
+    parser.add_argument("--documents", type=int, default=5_000)
+    parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--sample-every", type=int, default=1_000)
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--prefix-cache-mb", type=int, default=1024)
+    parser.add_argument("--out", default=None, help="JSON path (default: benchmarks/results/soak-<date>.json)")
+    args = parser.parse_args()
+    port = free_port()
+    command = [
+        sys.executable,
+        "-m",
+        "typedlm.cli",
+        "serve",
+        "--port",
+        str(port),
+        "--prefix-cache-mb",
+        str(args.prefix_cache_mb),
+        "--max-queue",
+        str(4 * args.clients),
+    ]
+    if args.model:
+        command += ["--model", args.model]
+    server = subprocess.Popen(command, stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(600):
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        statuses: collections.Counter[int] = collections.Counter()
+        errors = 0
+        counter = itertools.count()
+        lock = threading.Lock()
+        curve: list[dict[str, float]] = [{"requests": 0, "rss_mb": rss_mb(server.pid), "seconds": 0.0}]
+        started = time.perf_counter()
+
+        def client() -> None:
+            nonlocal errors
+            with httpx.Client(base_url=url, timeout=120) as http:
+                while (n := next(counter)) < args.requests:
+                    try:
+                        if n % 50 == 49:
+                            resp = http.post(
+                                "/v1/systemone",
+                                content=BAD[n // 50 % len(BAD)],
+                                headers={"content-type": "application/json"},
+                            )
+                        else:
+                            body = {"state": document(n % args.documents), "questions": QUESTIONS}
+                            resp = http.post("/v1/systemone", json=body)
+                        code = resp.status_code
+                    except httpx.HTTPError:
+                        code = None
+                    with lock:
+                        if code is None:
+                            errors += 1
+                        else:
+                            statuses[code] += 1
+                        done = sum(statuses.values()) + errors
+                        if done % args.sample_every == 0:
+                            curve.append(
+                                {
+                                    "requests": done,
+                                    "rss_mb": rss_mb(server.pid),
+                                    "seconds": time.perf_counter() - started,
+                                }
+                            )
+                            print(
+                                f"{done:>8} requests  {curve[-1]['rss_mb']:8.1f} MB  {curve[-1]['seconds']:8.1f} s",
+                                flush=True,
+                            )
+
+        threads = [threading.Thread(target=client) for _ in range(args.clients)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        curve.append(
+            {"requests": args.requests, "rss_mb": rss_mb(server.pid), "seconds": time.perf_counter() - started}
+        )
+        tenth = min(curve, key=lambda point: abs(point["requests"] - args.requests / 10))
+        result = {
+            "benchmark": "soak",
+            "date": time.strftime("%Y-%m-%d"),
+            "model": args.model or "embedded",
+            "requests": args.requests,
+            "documents": args.documents,
+            "clients": args.clients,
+            "statuses": {str(k): v for k, v in sorted(statuses.items())},
+            "server_errors": sum(v for k, v in statuses.items() if k >= 500),
+            "connection_errors": errors,
+            "rss_mb_at_10pct": tenth["rss_mb"],
+            "rss_mb_at_end": curve[-1]["rss_mb"],
+            "rss_ratio_end_vs_10pct": curve[-1]["rss_mb"] / tenth["rss_mb"],
+            "requests_per_s": args.requests / curve[-1]["seconds"],
+            "curve": curve,
+        }
+        out = Path(args.out or f"benchmarks/results/soak-{result['date']}.json")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=1) + "\n")
+        print(json.dumps({k: v for k, v in result.items() if k != "curve"}))
+        return 0 if result["server_errors"] == 0 and errors == 0 else 1
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(60)
+        except subprocess.TimeoutExpired:
+            os.kill(server.pid, signal.SIGKILL)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
