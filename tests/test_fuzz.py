@@ -7,7 +7,9 @@ text field, nesting deeper than the limit, non-finite and oversized numbers, hug
 
 from __future__ import annotations
 
+import collections
 import json
+import os
 
 import pytest
 
@@ -22,7 +24,10 @@ from schemathesis.specs.openapi.checks import positive_data_acceptance  # noqa: 
 from typedlm.server import ServerSettings, create_app  # noqa: E402
 
 SCHEMA_EXAMPLES = 40  # per operation
-FUZZ_EXAMPLES = 150
+# bodies per run (each sent to both routes); TYPEDLM_FUZZ_EXAMPLES=5000 for a long run, and TYPEDLM_FUZZ_REPORT=FILE
+# to write the statuses it got
+FUZZ_EXAMPLES = int(os.environ.get("TYPEDLM_FUZZ_EXAMPLES", "150"))
+STATUSES: collections.Counter[str] = collections.Counter()
 
 
 @pytest.fixture
@@ -53,48 +58,85 @@ def test_generated_requests_get_no_server_error_and_conform_to_the_schema(app):
 
 # ---------------------------------------------------------------- raw bodies nobody's schema would generate
 
-SURROGATE = st.sampled_from(["\\ud800", "\\udfff", "\\udc00x", "a\\ud83d"])  # as JSON escapes: lone halves
-TEXT = st.one_of(st.text(max_size=40), SURROGATE.map(lambda s: "t" + s))
+# Each body is a valid request with at most one fault, so that a good share reaches the model (whose tokenizer
+# sees the generated text) and every fault is met alone.
+TEXT = st.text(max_size=200)  # any valid Unicode: astral characters, controls, RTL marks, NUL
+NAME = st.text(min_size=1, max_size=20)
+SURROGATES = ("\\ud800", "\\udfff", "x\\udc00", "\\ud83d!")  # lone halves, as JSON escapes
+FAULTS = (
+    None,
+    None,
+    None,
+    "surrogate in state",
+    "surrogate in instructions",
+    "surrogate in an option",
+    "surrogate in a question id",
+    "deep nesting",
+    "nesting past the limit",
+    "non-finite level",
+    "huge integer",
+    "broken JSON",
+    "unknown type",
+    "no questions",
+    "one option",
+    "long state",
+    "many reads of long options",
+)
 
 
 def _quoted(text: str) -> str:
-    """A JSON string literal; a lone-surrogate escape is spliced in as written."""
-    return '"' + text + '"' if "\\u" in text else json.dumps(text)
-
-
-@st.composite
-def question(draw) -> str:
-    kind = draw(st.sampled_from(["noul", "choice", "score", "box", "maybe"]))
-    parts = [f'"type": {_quoted(kind)}']
-    if draw(st.booleans()):
-        parts.append(f'"instructions": {_quoted(draw(TEXT))}')
-    if kind == "choice":
-        names = draw(st.lists(TEXT, min_size=0, max_size=5))
-        parts.append('"criteria": {' + ", ".join(f"{_quoted(n)}: null" for n in names) + "}")
-    elif kind == "score":
-        level = draw(st.sampled_from(["NaN", "Infinity", "-Infinity", "1e999", '{"v": 1e999}', '"low"', "[1, 2]"]))
-        parts.append(f'"criteria": [{level}, "high"]')
-    return "{" + ", ".join(parts) + "}"
+    return json.dumps(text)
 
 
 @st.composite
 def body(draw) -> bytes:
-    state = draw(
-        st.one_of(
-            TEXT.map(_quoted),
-            st.integers(1, 200).map(lambda depth: "[" * depth + "]" * depth),
-            st.integers(60, 70).map(lambda depth: '{"a": ' * depth + "1" + "}" * depth),
-            st.just('"' + "word " * 3000 + '"'),
-            st.just("9" * 5000),
-        )
-    )
-    qids = draw(st.lists(TEXT, min_size=0, max_size=3))
-    questions = "{" + ", ".join(f"{_quoted(q)}: {draw(question())}" for q in qids) + "}"
-    extra = draw(st.sampled_from(["", ', "x_order_reads": 8', ', "x_order_reads": 0', ', "x_calibration": "nope"']))
-    text = '{"state": ' + state + ', "questions": ' + questions + extra + "}"
-    if draw(st.integers(0, 9)) == 0:
-        text = text[: draw(st.integers(0, len(text)))]  # broken JSON
-    return text.encode("utf-8", "surrogatepass")
+    fault = draw(st.sampled_from(FAULTS))
+    surrogate = draw(st.sampled_from(SURROGATES))
+    state = _quoted(draw(TEXT))
+    if fault == "surrogate in state":
+        state = '"' + surrogate + '"'
+    elif fault == "deep nesting":
+        state = '{"a": ' * 30 + _quoted(draw(TEXT)) + "}" * 30
+    elif fault == "nesting past the limit":
+        depth = draw(st.integers(65, 3000))
+        state = "[" * depth + "]" * depth
+    elif fault == "long state":
+        state = _quoted("word " * draw(st.integers(2000, 60000)))
+    questions = []
+    for i in range(draw(st.integers(1, 3))):
+        kind = draw(st.sampled_from(["noul", "choice", "score"]))
+        qid = _quoted(draw(NAME))
+        if i == 0 and fault == "surrogate in a question id":
+            qid = '"' + surrogate + '"'
+        parts = [f'"type": "{"box" if i == 0 and fault == "unknown type" else kind}"']
+        instructions = _quoted(draw(TEXT))
+        if i == 0 and fault == "surrogate in instructions":
+            instructions = '"why ' + surrogate + '"'
+        parts.append(f'"instructions": {instructions}')
+        if kind == "choice":
+            names = draw(st.lists(NAME, min_size=2, max_size=6, unique=True))
+            if i == 0 and fault == "one option":
+                names = names[:1]
+            options = [f"{_quoted(n)}: {_quoted(draw(TEXT))}" for n in names]
+            if i == 0 and fault == "surrogate in an option":
+                options.append('"opt' + surrogate + '": null')
+            if i == 0 and fault == "many reads of long options":
+                options = [f'"option {k}": {_quoted("long " * 400)}' for k in range(40)]
+            parts.append('"criteria": {' + ", ".join(options) + "}")
+        elif kind == "score":
+            levels = [_quoted(t) for t in draw(st.lists(TEXT, min_size=2, max_size=5))]
+            if i == 0 and fault == "non-finite level":
+                levels[0] = '{"v": ' + draw(st.sampled_from(["NaN", "Infinity", "-Infinity", "1e999"])) + "}"
+            parts.append('"criteria": [' + ", ".join(levels) + "]")
+        questions.append(f"{qid}: {{{', '.join(parts)}}}")
+    extra = ', "x_order_reads": 8' if fault == "many reads of long options" else ""
+    if fault == "huge integer":
+        extra = ', "n": ' + "9" * draw(st.integers(4301, 6000))
+    text = '{"state": ' + state + ', "questions": {' + ("" if fault == "no questions" else ", ".join(questions)) + "}"
+    text += extra + "}"
+    if fault == "broken JSON":
+        text = text[: draw(st.integers(0, len(text) - 1))]
+    return text.encode("utf-8")
 
 
 @given(body())
@@ -110,5 +152,18 @@ def test_fuzzed_bodies_are_answered_or_refused_never_a_server_error(app, raw):
                 + b'}, {"role": "user", "content": "hi"}]}'
             )
         resp = client.post(path, content=content, headers={"content-type": "application/json"})
+        STATUSES[f"{path} {resp.status_code}"] += 1
         assert resp.status_code < 500, (path, raw[:200], resp.text[:300])
         json.loads(resp.text, parse_constant=lambda name: pytest.fail(f"non-standard JSON {name}"))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def report_statuses():
+    yield
+    if os.environ.get("TYPEDLM_FUZZ_REPORT"):
+        total = sum(STATUSES.values())
+        server_errors = sum(v for k, v in STATUSES.items() if int(k.rsplit(" ", 1)[1]) >= 500)
+        report = {"requests": total, "server_errors": server_errors}
+        report["statuses"] = dict(sorted(STATUSES.items()))
+        with open(os.environ["TYPEDLM_FUZZ_REPORT"], "w", encoding="utf-8") as f:
+            json.dump(report, f, indent=1)
