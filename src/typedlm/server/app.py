@@ -2,7 +2,9 @@
 
     app = create_app(decider, ServerSettings(api_keys=("secret",)))
 
-Routes: POST /v1/systemone, GET /v1/models, POST /v1/chat/completions, GET /health, docs at /docs.
+Routes: POST /v1/systemone, GET /v1/models, POST /v1/chat/completions, GET /health, GET /metrics (Prometheus),
+the playground at / and /playground, docs at /docs (Swagger UI from local files). Every request is observed once
+(`metrics`): its route, status, time, tokens and questions, for the metrics and the request log.
 """
 
 from __future__ import annotations
