@@ -54,7 +54,7 @@ from typedlm.runtime.models import LoadedModel, load_model, model_fingerprint
 from typedlm.runtime.packing import PackedItem
 from typedlm.runtime.prefix_cache import PrefixCache
 from typedlm.text.labels import Labeler
-from typedlm.text.prompt import PROMPT_VERSION, ChatLayout, question_block, render_text
+from typedlm.text.prompt import PROMPT_VERSION, ChatLayout, render_text
 
 MAX_CHARS_PER_TOKEN = 32  # no tokenizer packs more text than this into one token of real text: a bound checked
 # on characters before tokenizing (see Decider._check_size)
@@ -173,7 +173,8 @@ class Decider:
         limits = [n for n in (self.engine.max_positions, self.max_input_tokens) if n]
         if not limits:
             return
-        chars = len(render_text(state)) + sum(len(question_block(version)) for version in versions)
+        # suffix texts are remembered per question (the tokenizing below reuses them): no rendering twice
+        chars = len(render_text(state)) + sum(len(self.layout.suffix_text(version)) for version in versions)
         if chars > MAX_CHARS_PER_TOKEN * min(limits):
             raise LimitExceeded(
                 f"the request holds {chars} characters of text (state and questions, every order read); this "
