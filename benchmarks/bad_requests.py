@@ -12,16 +12,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
 import httpx
+from served import served
 
 SMALL = json.loads((Path(__file__).resolve().parent.parent / "examples" / "request.json").read_text())
 LIMIT = 8 << 20
@@ -33,28 +31,12 @@ BAD = (
 )
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--model", default=None)
     args = parser.parse_args()
-    port = free_port()
-    command = [sys.executable, "-m", "typedlm.cli", "serve", "--port", str(port)]
-    server = subprocess.Popen(command + (["--model", args.model] if args.model else []), stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(600):
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.5)
+    with served(*(["--model", args.model] if args.model else [])) as (url, _server):
         with httpx.Client(base_url=url, timeout=120) as client:
             client.post("/v1/systemone", json=SMALL)  # warm: the document is cached from here on
             idle, loaded, bad_statuses = [], [], []
@@ -98,9 +80,6 @@ def main() -> int:
         )
         print(json.dumps(result))
         return 0
-    finally:
-        server.send_signal(signal.SIGTERM)
-        server.wait(60)
 
 
 if __name__ == "__main__":

@@ -15,16 +15,13 @@ import argparse
 import collections
 import itertools
 import json
-import os
-import signal
-import socket
-import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
 import httpx
+from served import served
 
 QUESTIONS = {
     "billing": {"type": "noul", "instructions": "Is this message about billing?"},
@@ -66,12 +63,6 @@ def rss_mb(pid: int) -> float:
     return float("nan")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=100_000)
@@ -82,30 +73,8 @@ def main() -> int:
     parser.add_argument("--prefix-cache-mb", type=int, default=1024)
     parser.add_argument("--out", default=None, help="JSON path (default: benchmarks/results/soak-<date>.json)")
     args = parser.parse_args()
-    port = free_port()
-    command = [
-        sys.executable,
-        "-m",
-        "typedlm.cli",
-        "serve",
-        "--port",
-        str(port),
-        "--prefix-cache-mb",
-        str(args.prefix_cache_mb),
-        "--max-queue",
-        str(4 * args.clients),
-    ]
-    if args.model:
-        command += ["--model", args.model]
-    server = subprocess.Popen(command, stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(600):
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.5)
+    options = ["--prefix-cache-mb", str(args.prefix_cache_mb), "--max-queue", str(4 * args.clients)]
+    with served(*options, *(["--model", args.model] if args.model else [])) as (url, server):
         statuses: collections.Counter[int] = collections.Counter()
         errors = 0
         counter = itertools.count()
@@ -179,12 +148,6 @@ def main() -> int:
         out.write_text(json.dumps(result, indent=1) + "\n")
         print(json.dumps({k: v for k, v in result.items() if k != "curve"}))
         return 0 if result["server_errors"] == 0 and errors == 0 else 1
-    finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(60)
-        except subprocess.TimeoutExpired:
-            os.kill(server.pid, signal.SIGKILL)
 
 
 if __name__ == "__main__":
