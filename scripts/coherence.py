@@ -21,7 +21,7 @@ from typedlm.offline.coherence import baseline, coherence, derive
 from typedlm.offline.evaluate import load_examples
 from typedlm.offline.loso import answers_of, calibrated
 from typedlm.offline.readouts import Readout, load, record, save
-from typedlm.runtime.catalog import named_model
+from typedlm.runtime.catalog import EMBEDDED, named_model
 
 
 def p_yes(readouts: list[Readout], method: str, file: CalibrationFile | None = None) -> dict[tuple[str, str], float]:
@@ -42,7 +42,7 @@ def main() -> int:
     parser.add_argument("--calibration-file", default=None, help="default: the file shipped for the model")
     parser.add_argument("--out", required=True, help="JSON report")
     args = parser.parse_args()
-    named = named_model(args.model or "smollm2-135m")
+    named = named_model(args.model) if args.model else EMBEDDED
     name = named.name if named else args.model
     file = CalibrationFile.load(args.calibration_file) if args.calibration_file else shipped_calibration(name)
     folder, decider, readouts = Path(args.readouts), None, {}

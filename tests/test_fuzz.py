@@ -84,32 +84,28 @@ FAULTS = (
 )
 
 
-def _quoted(text: str) -> str:
-    return json.dumps(text)
-
-
 @st.composite
 def body(draw) -> bytes:
     fault = draw(st.sampled_from(FAULTS))
     surrogate = draw(st.sampled_from(SURROGATES))
-    state = _quoted(draw(TEXT))
+    state = json.dumps(draw(TEXT))
     if fault == "surrogate in state":
         state = '"' + surrogate + '"'
     elif fault == "deep nesting":
-        state = '{"a": ' * 30 + _quoted(draw(TEXT)) + "}" * 30
+        state = '{"a": ' * 30 + json.dumps(draw(TEXT)) + "}" * 30
     elif fault == "nesting past the limit":
         depth = draw(st.integers(65, 3000))
         state = "[" * depth + "]" * depth
     elif fault == "long state":
-        state = _quoted("word " * draw(st.integers(2000, 60000)))
+        state = json.dumps("word " * draw(st.integers(2000, 60000)))
     questions = []
     for i in range(draw(st.integers(1, 3))):
         kind = draw(st.sampled_from(["noul", "choice", "score"]))
-        qid = _quoted(draw(NAME))
+        qid = json.dumps(draw(NAME))
         if i == 0 and fault == "surrogate in a question id":
             qid = '"' + surrogate + '"'
         parts = [f'"type": "{"box" if i == 0 and fault == "unknown type" else kind}"']
-        instructions = _quoted(draw(TEXT))
+        instructions = json.dumps(draw(TEXT))
         if i == 0 and fault == "surrogate in instructions":
             instructions = '"why ' + surrogate + '"'
         parts.append(f'"instructions": {instructions}')
@@ -117,14 +113,14 @@ def body(draw) -> bytes:
             names = draw(st.lists(NAME, min_size=2, max_size=6, unique=True))
             if i == 0 and fault == "one option":
                 names = names[:1]
-            options = [f"{_quoted(n)}: {_quoted(draw(TEXT))}" for n in names]
+            options = [f"{json.dumps(n)}: {json.dumps(draw(TEXT))}" for n in names]
             if i == 0 and fault == "surrogate in an option":
                 options.append('"opt' + surrogate + '": null')
             if i == 0 and fault == "many reads of long options":
-                options = [f'"option {k}": {_quoted("long " * 400)}' for k in range(40)]
+                options = [f'"option {k}": {json.dumps("long " * 400)}' for k in range(40)]
             parts.append('"criteria": {' + ", ".join(options) + "}")
         elif kind == "score":
-            levels = [_quoted(t) for t in draw(st.lists(TEXT, min_size=2, max_size=5))]
+            levels = [json.dumps(t) for t in draw(st.lists(TEXT, min_size=2, max_size=5))]
             if i == 0 and fault == "non-finite level":
                 levels[0] = '{"v": ' + draw(st.sampled_from(["NaN", "Infinity", "-Infinity", "1e999"])) + "}"
             parts.append('"criteria": [' + ", ".join(levels) + "]")

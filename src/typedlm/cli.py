@@ -177,7 +177,7 @@ def ask(args: argparse.Namespace) -> int:
     from typedlm.decide.decider import Decider
 
     decider = Decider.load(args.model, args.device, args.dtype, **_calibration_kwargs(args))
-    served = _served_names(decider.name)
+    served = (decider.name, *_aliases(decider.name))
     if request.model is not None and request.model not in served:  # as the server answers it (404)
         raise InvalidRequest(f"unknown model {request.model!r}; this model answers to: {', '.join(served)}", ("model",))
     response = decider.decide(request.state, request.questions, request.calibration, request.order_reads)
@@ -186,13 +186,13 @@ def ask(args: argparse.Namespace) -> int:
     return 0
 
 
-def _served_names(name: str) -> tuple[str, ...]:
-    """The names a request's `model` may use for the model named `name`: it, the default aliases and, for a named
-    model, its short names."""
+def _aliases(name: str) -> tuple[str, ...]:
+    """The other names a request's `model` may use for the model named `name` (`ask` and `serve` alike): the
+    default aliases and, for a named model, its short names (qwen2.5-coder-0.5b)."""
     from typedlm.server.settings import DEFAULT_ALIASES
 
     named = named_model(name)
-    return (name, *DEFAULT_ALIASES, *(named.aliases if named else ()))
+    return (*DEFAULT_ALIASES, *(named.aliases if named else ()))
 
 
 class CannotListen(TypedLMError):
@@ -248,9 +248,7 @@ def serve(args: argparse.Namespace) -> int:
         prefix_cache_bytes=args.prefix_cache_mb << 20,
         **_calibration_kwargs(args),
     )
-    named = named_model(decider.name)
-    if named is not None:  # its short names (qwen2.5-coder-0.5b) name it in requests too
-        settings = dataclasses.replace(settings, aliases=(*settings.aliases, *named.aliases))
+    settings = dataclasses.replace(settings, aliases=_aliases(decider.name))
     about = decider.describe()
     print(
         f"typedlm: loaded {about['model']} in {time.perf_counter() - started:.1f} s: {about['device']}, "

@@ -36,7 +36,7 @@ def _yes_no_questions(example: Example) -> Iterable[tuple[str, dict[str, Any], b
             yield qid, question, bool(example.gold[qid])
 
 
-def negation(qid: str, question: Mapping[str, Any]) -> dict[str, Any]:
+def negation(question: Mapping[str, Any]) -> dict[str, Any]:
     """The question asking whether `question`'s answer is no; its criteria (if any) swapped."""
     negated = {
         "type": "noul",
@@ -48,7 +48,7 @@ def negation(qid: str, question: Mapping[str, Any]) -> dict[str, Any]:
     return negated
 
 
-def conjunction(qid: str, question: Mapping[str, Any]) -> dict[str, Any]:
+def conjunction(question: Mapping[str, Any]) -> dict[str, Any]:
     """`question` and a condition that every document meets: never more probable than `question` alone."""
     conjoined = {
         "type": "noul",
@@ -78,8 +78,8 @@ def derive(examples: Iterable[Example]) -> list[Example]:
         gold: dict[str, bool] = {}
         for qid, question, answer in _yes_no_questions(example):
             questions[qid], gold[qid] = dict(question), answer
-            questions[f"{qid}.{NEGATED}"], gold[f"{qid}.{NEGATED}"] = negation(qid, question), not answer
-            questions[f"{qid}.{CONJOINED}"], gold[f"{qid}.{CONJOINED}"] = conjunction(qid, question), answer
+            questions[f"{qid}.{NEGATED}"], gold[f"{qid}.{NEGATED}"] = negation(question), not answer
+            questions[f"{qid}.{CONJOINED}"], gold[f"{qid}.{CONJOINED}"] = conjunction(question), answer
         for qid, question in example.questions.items():
             if question["type"] != "choice":
                 continue
