@@ -12,7 +12,9 @@ set and split into --readouts (JSONL) and reused by later runs. Then:
    by more than ACCURACY_SLACK (raw with one temperature never changes a top answer, so one always is); among
    them the lowest mean + worst ECE over the sets that ask that kind wins (worst: every set must be honest, not
    the average). Each variant is fitted with every answer weighing the same and with every set weighing the
-   same; 3 order reads instead of 1 only where they lower that score by READS_MARGIN;
+   same; 3 order reads instead of 1 only where they lower that score by READS_MARGIN. With --name-readouts, choice
+   questions are also read with their options answered by name (with and without length normalisation), and the
+   way they are answered is chosen with the variant;
 2. the chosen variant is reported on the held-out splits: raw, contextual, fitted in-set, fitted with the set left
    out (accuracy, ECE, Brier), and written as JSON;
 3. with --calibration-file, the chosen variant fitted on every set's train split is written as this model's
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from statistics import mean
 
@@ -73,6 +76,12 @@ def main() -> int:
     parser.add_argument("--readouts", required=True, help="folder of recorded readouts (made if missing)")
     parser.add_argument("--out", required=True, help="JSON report")
     parser.add_argument("--calibration-file", default=None, help="write the calibrator fitted on every set here")
+    parser.add_argument(
+        "--name-readouts",
+        default=None,
+        help="folder of choice readouts with options answered by name (made if missing): choice questions then "
+        "compare letters, names and names per token",
+    )
     args = parser.parse_args()
     decider = Decider.load(args.model, calibration="raw")
     folder = Path(args.readouts)
@@ -85,6 +94,9 @@ def main() -> int:
                 save(path, record(decider, load_examples(name, split, args.limit, 0), name, READS))
                 print(f"recorded {path}", file=sys.stderr, flush=True)
             readouts[name][split] = load(path)
+    formats = {"letters": readouts}  # how choice options are answered → the readouts read that way
+    if args.name_readouts:
+        formats.update(_named(args, readouts))
     # 1. choose, per question kind, the variant on train splits: each set's calibrator is fitted without it and
     #    scored on its own train split; the kind's score is its mean ECE over the sets that ask it (then NLL)
     variants = {
@@ -108,20 +120,33 @@ def main() -> int:
     print(f"{decider.name}: variants, each set left out, scored on its train split (per kind: mean / worst ECE)")
     for setting, (reads, balanced) in settings.items():
         selection[setting] = {}
-        for label, (base, use) in variants.items():
-            result = leave_one_set_out(readouts, base, reads, use, scored="train", balanced=balanced)
-            if not reference:
-                reference = {name: _by_kind(entry["rows"]["raw"], "accuracy") for name, entry in result.items()}
-            selection[setting][label] = _kind_scores(result, reference)
-            line = "  ".join(
-                f"{kind} ece {v['ece_mean']:.3f}/{v['ece_worst']:.3f}{'' if v['eligible'] else ' (acc)'}"
-                for kind, v in selection[setting][label].items()
-            )
-            print(f"  {setting}, {label:<34} {line}", flush=True)
+        for answers_by, by_format in formats.items():
+            for variant, (base, use) in variants.items():
+                result = leave_one_set_out(by_format, base, reads, use, scored="train", balanced=balanced)
+                if not reference:  # raw, letters, one read: the accuracy floor's reference
+                    reference = {name: _by_kind(entry["rows"]["raw"], "accuracy") for name, entry in result.items()}
+                scores = _kind_scores(result, reference)
+                if answers_by != "letters":  # another way of answering choice questions: only their scores change
+                    scores = {kind: v for kind, v in scores.items() if kind == "choice"}
+                label = variant if answers_by == "letters" else f"{answers_by}: {variant}"
+                selection[setting][label] = scores
+                line = "  ".join(
+                    f"{kind} ece {v['ece_mean']:.3f}/{v['ece_worst']:.3f}{'' if v['eligible'] else ' (acc)'}"
+                    for kind, v in scores.items()
+                )
+                print(f"  {setting}, {label:<50} {line}", flush=True)
 
     def best(by_label: dict[str, dict[str, dict[str, float]]], kind: str) -> str:
-        eligible = [label for label in by_label if by_label[label][kind]["eligible"]] or ["raw, temperature"]
-        return min(eligible, key=lambda label: (by_label[label][kind]["score"], by_label[label][kind]["nll"]))
+        eligible = [label for label in by_label if by_label[label].get(kind, {}).get("eligible")]
+        return min(
+            eligible or ["raw, temperature"],
+            key=lambda label: (by_label[label][kind]["score"], by_label[label][kind]["nll"]),
+        )
+
+    def variant_of(label: str) -> tuple[str, str]:
+        """(how choice options are answered, the calibrator variant) of a selection label."""
+        answers_by, _, variant = label.rpartition(": ")
+        return answers_by or "letters", variant
 
     plans = {
         setting: {kind: best(by_label, kind) for kind in next(iter(by_label.values()))}
@@ -132,8 +157,10 @@ def main() -> int:
     setting = min(score, key=lambda s: score[s] + READS_MARGIN * (settings[s][0] > 1))
     reads, balanced = settings[setting]
     plan = plans[setting]
-    bases = {kind: variants[label][0] for kind, label in plan.items()}
-    uses = {kind: variants[label][1] for kind, label in plan.items()}
+    bases = {kind: variants[variant_of(label)[1]][0] for kind, label in plan.items()}
+    uses = {kind: variants[variant_of(label)[1]][1] for kind, label in plan.items()}
+    choice_answers = variant_of(plan["choice"])[0] if "choice" in plan else "letters"
+    readouts = formats[choice_answers]
     chosen = f"{setting}; " + "; ".join(f"{kind}: {label}" for kind, label in plan.items())
     print(
         f"chosen: {chosen}\n(mean + worst ECE, mean over kinds: "
@@ -156,6 +183,7 @@ def main() -> int:
         "chosen": chosen,
         "reads": reads,
         "balanced": balanced,
+        "choice_answers": choice_answers,
         "variants": plan,
         "held_out": result,
     }
@@ -175,6 +203,7 @@ def main() -> int:
             "sets_weighed_equally": balanced,
             "variants": plan,
             "order_reads": reads,
+            "choice_answers": choice_answers,
         }
         weights = set_weights({n: answers_of(splits["train"], bases, reads) for n, splits in readouts.items()})
         calibrators = fit_calibrators(
@@ -185,6 +214,30 @@ def main() -> int:
         file.save(args.calibration_file)
         print(f"wrote {args.calibration_file}", file=sys.stderr)
     return 0
+
+
+def _named(args: argparse.Namespace, readouts: dict) -> dict[str, dict]:
+    """The readouts with every choice answer read with its options answered by name (recorded into
+    --name-readouts where missing; other kinds read the same either way), as is and length-normalised."""
+    folder, decider, named = Path(args.name_readouts), None, {}
+    for name, splits in readouts.items():
+        named[name] = {}
+        for split, rows in splits.items():
+            if not any(r.kind == "choice" for r in rows):
+                named[name][split] = rows
+                continue
+            path = folder / f"{name}.{split}.jsonl"
+            if not path.is_file():
+                decider = decider or Decider.load(args.model, calibration="raw", choice_answers="names")
+                save(path, record(decider, load_examples(name, split, args.limit, 0), name, READS, kinds=("choice",)))
+                print(f"recorded {path}", file=sys.stderr, flush=True)
+            by_answer = {(r.example, r.question): r for r in load(path)}
+            named[name][split] = [by_answer.get((r.example, r.question), r) for r in rows]
+    per_token = {
+        name: {split: [replace(r, length_normalised=r.lengths is not None) for r in rows] for split, rows in s.items()}
+        for name, s in named.items()
+    }
+    return {"names": named, "names_per_token": per_token}
 
 
 if __name__ == "__main__":

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 from typesafe_sdk._schemas.models import SystemOneResponse
 
+from typedlm import Decider
 from typedlm.core.confidence import normalise
 from typedlm.core.errors import InvalidRequest, LimitExceeded
 from typedlm.core.questions import ChoiceQuestion, NoulQuestion, ScoreQuestion
+from typedlm.runtime.models import LoadedModel
 
 from .conftest import reference_masses
 
@@ -74,6 +77,41 @@ def test_packed_readout_equals_full_forward_on_the_real_model(real_decider):
             got = list(answer.probabilities)
         assert max(abs(a - b) for a, b in zip(got, probs, strict=True)) < 1e-5, qid
         assert abs(answer.raw_mass - raw_mass) < 1e-5, qid
+
+
+def test_options_read_by_name_equal_a_full_forward_and_fall_back_to_letters(real_decider):
+    """Choice options answered by their own names (multi-token labels), with and without length normalisation,
+    against brute force; options whose names begin one another are read by letter."""
+    names = Decider(
+        LoadedModel(real_decider.engine.model, real_decider.tokenizer, real_decider.name), choice_answers="names"
+    )
+    topic = ChoiceQuestion((("billing", "payments"), ("shipping", None), ("technical support", None)))
+    overlapping = ChoiceQuestion((("billing", None), ("billing address", None)))
+    reading = names.read(STATE, {"topic": topic, "overlapping": overlapping}, order_reads=2)
+    assert reading.reads["overlapping"].lengths is None, "read by letter"
+    read = replace(topic, by_name=True)
+    assert "- technical support" in names.layout.suffix_text(read)
+    whole = names.layout.encode(names.layout.prefix_text(STATE) + names.layout.suffix_text(read))
+    expected = reference_masses(names.engine.model, whole, names.labeler.for_question(read))
+    reads = reading.reads["topic"]
+    assert max(abs(a - b) for a, b in zip(reads.masses[0], expected, strict=True)) < 1e-6
+    assert reads.lengths == [len(forms[0]) for forms in names.labeler.for_question(read).groups]
+    assert max(reads.lengths) > 1
+    answer = names.decide(STATE, {"topic": topic}, calibration="raw").answers["topic"]
+    assert list(answer.probabilities.values()) == pytest.approx(normalise(expected)[0], abs=1e-5)
+    assert answer.raw_mass == pytest.approx(sum(expected), abs=1e-6)
+    per_token = Decider(
+        LoadedModel(real_decider.engine.model, real_decider.tokenizer, real_decider.name),
+        choice_answers="names_per_token",
+    )
+    answer = per_token.decide(STATE, {"topic": topic}, calibration="raw").answers["topic"]
+    geometric = [m ** (1 / n) for m, n in zip(expected, reads.lengths, strict=True)]
+    assert list(answer.probabilities.values()) == pytest.approx(normalise(geometric)[0], abs=1e-5)
+    assert answer.raw_mass == pytest.approx(sum(expected), abs=1e-6), "the raw mass stays the labels' own"
+    with pytest.raises(InvalidRequest, match="choice answers"):
+        Decider(
+            LoadedModel(real_decider.engine.model, real_decider.tokenizer, real_decider.name), choice_answers="words"
+        )
 
 
 def test_other_questions_do_not_change_an_answer(real_decider):

@@ -62,3 +62,22 @@ def test_a_label_that_merges_with_its_context_is_not_readable(tokenizer):
     assert labeler.encode("ant") is None  # "assistant" is one token: "ant" can never follow as written
     with pytest.raises(ModelError, match="none of the labels"):
         labeler.label_set([["ant"], ["B"]])
+
+
+def test_options_read_by_name_are_their_names_in_context(labeler, tokenizer):
+    names = ("billing", "shipping", "technical support", "ünïcode 名前")
+    assert labeler.can_name(names)
+    labels = labeler.names(names)
+    for name, (form,) in zip(names, labels.groups, strict=True):
+        assert tokenizer.decode(list(form)) == name
+    assert labeler.names(names) is labels, "remembered per tuple of names"
+
+
+def test_names_that_begin_one_another_or_grow_too_long_are_read_by_letter(labeler):
+    # the tokens of "billing" begin those of "billing address": the shorter's mass would hold the longer's
+    (short,), (long,) = labeler.names(("billing",)).groups[0], labeler.names(("billing address",)).groups[0]
+    assert long[: len(short)] == short
+    assert not labeler.can_name(("billing", "billing address"))
+    assert not labeler.can_name(("ok", "ok"))
+    long = tuple(f"option number {i} with a long and winding name, {i} times over" for i in range(20))
+    assert not labeler.can_name(long), "the label tree would exceed MAX_NAME_NODES tokens"

@@ -63,10 +63,14 @@ class NoulQuestion:
 
 @dataclass(frozen=True)
 class ChoiceQuestion:
-    """Pick one of `options`: (name, description or None) pairs, in request order."""
+    """Pick one of `options`: (name, description or None) pairs, in request order.
+
+    `by_name`: the options are answered by their names instead of by letters (a way of reading the question that
+    the decider chooses; a request never sets it)."""
 
     options: tuple[tuple[str, Text | None], ...]
     instructions: Text | None = None
+    by_name: bool = False
 
     kind: ClassVar[str] = "choice"
     reorderable: ClassVar[bool] = True
@@ -77,7 +81,7 @@ class ChoiceQuestion:
 
     def reordered(self, order: Sequence[int]) -> ChoiceQuestion:
         """The same question with option `order[j]` shown in position j."""
-        return ChoiceQuestion(tuple(self.options[i] for i in order), self.instructions)
+        return ChoiceQuestion(tuple(self.options[i] for i in order), self.instructions, self.by_name)
 
     def answer(self, probs: Sequence[float], raw_mass: float, extras: dict[str, Any]) -> ChoiceAnswer:
         by_name = {name: p for (name, _), p in zip(self.options, probs)}

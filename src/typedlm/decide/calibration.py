@@ -237,6 +237,12 @@ def calibrate_read(
     return fitted.apply(kind, base, question)
 
 
+def per_token(masses: Sequence[float], lengths: Sequence[int]) -> list[float]:
+    """Length-normalised masses: each label's mass to the power 1 / its token count (the geometric mean of its
+    tokens' conditionals), so that a long option name is not penalised for its length alone."""
+    return [m ** (1.0 / n) for m, n in zip(masses, lengths, strict=True)]
+
+
 def calibrate_reads(
     kind: str,
     masses: Sequence[Sequence[float]],
@@ -244,9 +250,22 @@ def calibrate_reads(
     method: str,
     fitted: CalibrationFile | None = None,
     question: str | None = None,
+    lengths: Sequence[int] | None = None,
 ) -> tuple[list[float], float, float, float]:
     """Every read of one answer calibrated by `method`, then averaged: (probabilities, mean raw mass, stderr of the
-    chosen answer's probability, share of reads agreeing on it). One read is its own calibration (0.0, 1.0)."""
+    chosen answer's probability, share of reads agreeing on it). One read is its own calibration (0.0, 1.0).
+    With `lengths` (each answer's label length in tokens) the probabilities come from length-normalised masses
+    (`per_token`); the raw mass is the masses' own total either way."""
+    if lengths is not None:
+        probs, _, stderr, agreement = calibrate_reads(
+            kind,
+            [per_token(m, lengths) for m in masses],
+            priors and [per_token(p, lengths) for p in priors],
+            method,
+            fitted,
+            question,
+        )
+        return probs, sum(map(raw_mass, masses)) / len(masses), stderr, agreement
     priors = priors or [None] * len(masses)
     if len(masses) == 1:  # every noul question, and the default: no averaging
         return calibrate_read(kind, masses[0], method, priors[0], fitted, question), raw_mass(masses[0]), 0.0, 1.0

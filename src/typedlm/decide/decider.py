@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +48,7 @@ from typedlm.decide.calibration import (
     shipped_calibration,
     signature,
 )
-from typedlm.decide.reads import Reading, Reads, rotations, unrotate
+from typedlm.decide.reads import CHOICE_ANSWERS, Reading, Reads, rotations, unrotate
 from typedlm.runtime.engine import Engine
 from typedlm.runtime.features import Features
 from typedlm.runtime.models import LoadedModel, load_model, model_fingerprint
@@ -77,6 +78,7 @@ class Decider:
         calibration: str | None = None,
         calibration_file: CalibrationFile | str | Path | None = None,
         order_reads: int | None = None,
+        choice_answers: str | None = None,
     ):
         """Prepare a loaded model. `engine`: the feature switches (see `typedlm.core.options`);
         `max_input_tokens`: tokens per request (None: the model's context); `prefix_cache_bytes`: memory for
@@ -84,7 +86,8 @@ class Decider:
         `typedlm.decide.calibration`; None: fitted where there is a file, else contextual); `calibration_file`: a file
         fitted by `typedlm calibrate` for this model (or its path; None: the file shipped for a named model, if one
         is and it matches these weights); `order_reads`: the default number of option orders read per choice/score
-        question (None: what the calibration file was fitted with, else 1)."""
+        question (None: what the calibration file was fitted with, else 1); `choice_answers`: how choice options are
+        answered, one of `reads.CHOICE_ANSWERS` (None: what the calibration file was fitted with, else letters)."""
         if isinstance(calibration_file, (str, Path)):
             calibration_file = CalibrationFile.load(calibration_file)
         self.name = loaded.name
@@ -119,6 +122,11 @@ class Decider:
         if not 1 <= order_reads <= MAX_ORDER_READS:
             raise InvalidRequest(f"order reads must be from 1 to {MAX_ORDER_READS}")
         self.order_reads = order_reads
+        if choice_answers is None:
+            choice_answers = calibration_file.data.get("choice_answers", "letters") if calibration_file else "letters"
+        if choice_answers not in CHOICE_ANSWERS:
+            raise InvalidRequest(f"choice answers must be one of {', '.join(CHOICE_ANSWERS)}")
+        self.choice_answers = choice_answers
         # The content-free document's prefix, prefilled once and pinned (contextual calibration).
         free = self.layout.tokenize(CONTENT_FREE_STATE, [NoulQuestion()]).prefix_ids
         cache, length = self.engine.prefill(free)
@@ -145,6 +153,7 @@ class Decider:
             "context": str(self.engine.max_positions or "unknown"),
             "calibration": self.calibration,
             "order_reads": str(self.order_reads),
+            "choice_answers": self.choice_answers,
         }
 
     @property
@@ -212,7 +221,7 @@ class Decider:
         """
         qids = list(questions)
         # 1-2. every read's question version, labels and token ids, all before any model work
-        versions = {q: rotations(questions[q], order_reads) for q in qids}
+        versions = {q: rotations(self._as_read(questions[q]), order_reads) for q in qids}
         flat = [(q, version, order) for q in qids for version, order in versions[q]]
         self._check_size(state, [version for _, version, _ in flat])
         prompt = self.layout.tokenize(state, [version for _, version, _ in flat])
@@ -232,12 +241,28 @@ class Decider:
         # 6. the content-free priors of the same reads
         priors = self._content_free(flat) if contextual else None
         reads: dict[str, Reads] = {}
-        for i, (q, _, order) in enumerate(flat):
-            entry = reads.setdefault(q, Reads(questions[q].kind, [], [] if priors else None))
+        for i, (q, version, order) in enumerate(flat):
+            lengths = (
+                [len(forms[0]) for forms in items[i].labels.groups] if getattr(version, "by_name", False) else None
+            )
+            entry = reads.setdefault(
+                q, Reads(questions[q].kind, [], [] if priors else None, lengths and unrotate(lengths, order))
+            )
             entry.masses.append(unrotate(masses[i], order))
             if priors:
                 entry.priors.append(unrotate(priors[i], order))
         return Reading(reads, total, shared)
+
+    def _as_read(self, question: Question) -> Question:
+        """The question as this decider reads it: a choice by its options' names where `choice_answers` says so
+        and the names can be read (`Labeler.can_name`), else as it is (by letter)."""
+        if self.choice_answers == "letters" or question.kind != "choice":
+            return question
+        return (
+            replace(question, by_name=True)
+            if self.labeler.can_name(tuple(n for n, _ in question.options))
+            else question
+        )
 
     def _content_free(self, flat: list[tuple[str, Question, list[int]]]) -> list[list[float]]:
         """Masses of each read's question on the content-free document, remembered per suffix text (the
@@ -270,8 +295,9 @@ class Decider:
         # a file's feature calibrator reads the combined reads: each read is then calibrated by its base only
         calibrator = method == "fitted" and fitted is not None and fitted.uses_calibrator(reads.kind, key)
         read_method = fitted.base_of(reads.kind) if calibrator else method
+        lengths = reads.lengths if self.choice_answers == "names_per_token" else None
         probs, mass, stderr, agreement = calibrate_reads(
-            reads.kind, reads.masses, reads.priors, read_method, fitted, key
+            reads.kind, reads.masses, reads.priors, read_method, fitted, key, lengths
         )
         extras = {"stderr": stderr, "agreement": agreement, "reads": len(reads.masses)} if len(reads.masses) > 1 else {}
         if calibrator:

@@ -9,6 +9,11 @@ from dataclasses import dataclass
 
 from typedlm.core.questions import Question
 
+# How choice options are answered: by letter (A, B, ...), by their own names, or by their names with each name's
+# mass length-normalised (see calibration.per_token). A question whose names cannot be read (Labeler.can_name) is
+# read by letter whatever the setting.
+CHOICE_ANSWERS = ("letters", "names", "names_per_token")
+
 
 @dataclass(frozen=True)
 class Reads:
@@ -17,6 +22,7 @@ class Reads:
     kind: str  # "noul", "choice" or "score"
     masses: list[list[float]]  # [reads][options]
     priors: list[list[float]] | None = None  # the same reads on the content-free document
+    lengths: list[int] | None = None  # each answer's label length in tokens, where options were read by name
 
 
 @dataclass(frozen=True)

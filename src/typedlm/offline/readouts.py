@@ -10,7 +10,7 @@ JSONL, one readout per line.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -29,6 +29,8 @@ class Readout:
     masses: list[list[float]]  # [reads][answers]
     priors: list[list[float]]  # [reads][answers], on the content-free document
     gold: int  # the true answer's index
+    lengths: list[int] | None = None  # each answer's label length in tokens, where options were read by name
+    length_normalised: bool = False  # whether `base` reads the masses length-normalised (calibration.per_token)
 
     @property
     def size(self) -> int:
@@ -38,7 +40,10 @@ class Readout:
         """(probabilities, raw mass, disagreement) of this answer under `method` ("raw" or "contextual") from its
         first `reads` reads (all: None), computed as the decider computes them: each read calibrated, then averaged;
         the raw mass averaged; disagreement = the share of reads whose top answer is not the combined one."""
-        probs, mass, _, agreement = calibrate_reads(self.kind, self.masses[:reads], self.priors[:reads], method)
+        lengths = self.lengths if self.length_normalised else None
+        probs, mass, _, agreement = calibrate_reads(
+            self.kind, self.masses[:reads], self.priors[:reads], method, lengths=lengths
+        )
         return probs, mass, 1.0 - agreement
 
 
@@ -48,17 +53,33 @@ def record(
     set_name: str,
     order_reads: int = 1,
     progress: Callable[[Iterable], Iterable] = lambda it: it,
+    kinds: Collection[str] | None = None,
 ) -> list[Readout]:
-    """Every answer of every example read by `decider` with `order_reads` option orders and their priors."""
+    """Every answer of every example read by `decider` with `order_reads` option orders and their priors; with
+    `kinds`, only the questions of those kinds (an example without one is skipped)."""
     readouts = []
     for example in progress(list(examples)):
         questions = parse_questions(example.questions)
+        if kinds is not None:
+            questions = {qid: q for qid, q in questions.items() if q.kind in kinds}
+            if not questions:
+                continue
         reading = decider.read(parse_state(example.state), questions, order_reads, contextual=True)
         for qid, question in questions.items():
             reads = reading.reads[qid]
             gold = question.gold_index(example.gold[qid])
             readouts.append(
-                Readout(set_name, example.id, qid, reads.kind, signature(question), reads.masses, reads.priors, gold)
+                Readout(
+                    set_name,
+                    example.id,
+                    qid,
+                    reads.kind,
+                    signature(question),
+                    reads.masses,
+                    reads.priors,
+                    gold,
+                    reads.lengths,
+                )
             )
     return readouts
 

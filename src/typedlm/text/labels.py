@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import string
 from dataclasses import dataclass
-from functools import cache, cached_property
+from functools import cache, cached_property, lru_cache
 from itertools import product
 
 from typedlm.core.errors import ModelError
@@ -32,6 +32,10 @@ def choice_labels(n: int) -> list[str]:
     labels = ["".join(pair) for pair in product(letters, repeat=2)]
     assert n <= len(labels), f"{n} options exceed the {len(labels)} two-letter labels"
     return labels[:n]
+
+
+MAX_NAME_NODES = 128  # label-tree tokens a choice read by option names may take (else it is read by letters)
+NAMED_LABEL_SETS = 4096  # option-name label sets remembered per labeler
 
 
 def score_labels(n: int) -> list[str]:
@@ -124,7 +128,25 @@ class Labeler:
         return self.label_set(LABEL_FORMS[kind](n))
 
     def for_question(self, question: Question) -> LabelSet:
+        """The labels a question is answered by: its options' names where it is read by name, else letters,
+        level numbers or yes/no by its kind and size."""
+        if getattr(question, "by_name", False):
+            return self.names(tuple(name for name, _ in question.options))
         return self.labels(question.kind, question.size)
+
+    @lru_cache(maxsize=NAMED_LABEL_SETS)  # noqa: B019 - a Labeler lives as long as its model
+    def names(self, names: tuple[str, ...]) -> LabelSet:
+        """The label set of options answered by their names: one form per option, the name exactly as written."""
+        return self.label_set([[name] for name in names])
+
+    def can_name(self, names: tuple[str, ...]) -> bool:
+        """Whether options with these names can be read by name: every name encodes as itself after the context,
+        no name's tokens begin another's, and the label tree stays within MAX_NAME_NODES tokens."""
+        try:
+            labels = self.names(names)
+        except ModelError:
+            return False
+        return len(labels.inner_nodes) <= MAX_NAME_NODES and all(len(forms) == 1 for forms in labels.groups)
 
     def verify(self, max_options: int, max_levels: int) -> None:
         """Build the largest label sets once, so a tokenizer that cannot serve them fails at load time."""

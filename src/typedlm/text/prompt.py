@@ -81,9 +81,13 @@ def _noul_lines(question: NoulQuestion) -> list[str]:
 
 
 def _choice_lines(question: ChoiceQuestion) -> list[str]:
-    labels = choice_labels(len(question.options))
     lines = [f"Question: {render_text(question.instructions) or 'Which option fits the document best?'}"]
     lines.append("Options:")
+    if question.by_name:  # answered by the option's own name (see ChoiceQuestion.by_name)
+        lines += [f"- {_described(name, desc)}" for name, desc in question.options]
+        lines.append("Answer with the name of the best option, exactly as written.")
+        return lines
+    labels = choice_labels(len(question.options))
     lines += [f"{label}) {_described(name, desc)}" for label, (name, desc) in zip(labels, question.options)]
     lines.append("Answer with the label of the best option.")
     return lines
