@@ -102,10 +102,10 @@ def reference_masses(model, full_ids: list[int], labels: LabelSet) -> list[float
 class ServerThread:
     """A real uvicorn server on a free loopback port, in a background thread, for one app."""
 
-    def __init__(self, app):
+    def __init__(self, app, **config):
         import uvicorn
 
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", **config))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     def __enter__(self) -> str:

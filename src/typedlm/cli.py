@@ -32,7 +32,7 @@ from typedlm.offline.evaldata import DATASETS
 from typedlm.offline.evaluate import SPLITS
 from typedlm.runtime.catalog import NAMED_MODELS, named_model
 from typedlm.runtime.models import EMBEDDED_MODEL, RECOMMENDED_MODEL
-from typedlm.server.settings import API_KEYS_ENV
+from typedlm.server.settings import API_KEYS_ENV, HEAD_TIMEOUT_S
 
 EXIT_BAD_INPUT = 2
 EXIT_MODEL = 3
@@ -97,6 +97,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--max-queue", type=int, default=16, help="requests running or waiting; more get 503")
     serve.add_argument("--timeout", type=float, default=300.0, help="seconds per request before a 504 (default 300)")
+    serve.add_argument(
+        "--head-timeout",
+        type=float,
+        default=HEAD_TIMEOUT_S,
+        help=f"seconds a request's line and headers may take to arrive, else 408 (default {HEAD_TIMEOUT_S:g})",
+    )
     serve.add_argument("--max-body-bytes", type=int, default=8 << 20, help="request body limit, after decompression")
     serve.add_argument(
         "--log-format",
@@ -223,10 +229,13 @@ def serve(args: argparse.Namespace) -> int:
 
     from typedlm.decide.decider import Decider
     from typedlm.server import ServerSettings, create_app
+    from typedlm.server.protocol import with_head_timeout
     from typedlm.server.settings import keys_from_env
 
     if args.max_queue < 1:
         raise InvalidRequest("--max-queue must be at least 1")
+    if not args.head_timeout > 0:
+        raise InvalidRequest("--head-timeout must be positive")
     _check_listen(args.host, args.port)
     settings = ServerSettings(
         api_keys=tuple(args.api_key) + keys_from_env(),
@@ -268,6 +277,7 @@ def serve(args: argparse.Namespace) -> int:
         timeout_graceful_shutdown=60,
         access_log=False,  # the request log (typedlm.requests) says more, one line per request
         timeout_keep_alive=KEEP_ALIVE_S,
+        http=with_head_timeout(args.head_timeout),
     )
     return 0
 

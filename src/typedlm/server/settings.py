@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 DEFAULT_ALIASES = ("jev-latest",)
 API_KEYS_ENV = "TYPEDLM_API_KEYS"
+HEAD_TIMEOUT_S = 10.0  # seconds a request's line and headers may take to arrive (see server.protocol)
 
 
 def keys_from_env(environ: dict[str, str] | None = None) -> tuple[str, ...]:
