@@ -62,6 +62,9 @@ class StaticPlan:
       are written at `write_slots` [doc_rows] = p, p + 1, ... during the forward;
     - `cu_doc` [2] int32 = (0, t) real document rows; `cu_keys` [2] int32 = (0, p + t) keys every row may see;
       `cu_packed` [2] int32 = (0, packed rows);
+    - with several documents in one forward, each has its own range of those three ([B + 1] each): document
+      b's rows [cu_doc[b], cu_doc[b + 1]) and its questions' rows [cu_packed[b], cu_packed[b + 1]) see its keys
+      [cu_keys[b], cu_keys[b + 1]) of the buffer, which hold its cached prefix, then its new rows;
     - `own_rows` [G, S]: the packed row of each segment slot; `own_mask` [G, 1, groups·S, S]: slot i may see
       slot j (padding slots see themselves only), repeated for the `groups` query heads that share a key/value
       head; `own_bias` the same as `additive` in the model's dtype; `row_slot` [N]: each packed row's flat
@@ -243,11 +246,12 @@ def attend_ranges(
     scale: float,
     causal: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention of the first `cu_q[1]` queries over the first `cu_k[1]` keys; lengths live on the device.
+    """Attention of each range of queries over its range of keys: queries [cu_q[i], cu_q[i + 1]) see keys
+    [cu_k[i], cu_k[i + 1]) (one range per document of a forward); lengths live on the device.
 
-    q: [L, H, D], k/v: [C, Hkv, D] (grouped heads kept grouped); causal aligns the last query with the last
-    key (query i sees keys j <= i + cu_k[1] - cu_q[1]). Returns out [L, H, D] and lse [L, H] (float32); rows
-    from `cu_q[1]` on are undefined.
+    q: [L, H, D], k/v: [C, Hkv, D] (grouped heads kept grouped); causal aligns each range's last query with its
+    last key (query i of a range sees its keys j <= i + keys - queries). Returns out [L, H, D] and lse [L, H]
+    (float32); rows from `cu_q[-1]` on, and rows of a range without keys, are undefined.
     """
     rows, heads = q.shape[0], q.shape[1]
     if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
@@ -255,17 +259,22 @@ def attend_ranges(
             q, k, v, cu_q, cu_k, rows, k.shape[0], 0.0, causal, False, scale=scale
         )[:2]
         return out, (lse.transpose(0, 1) if lse.shape[0] == heads else lse[0].transpose(0, 1)).float()
-    keys = torch.arange(k.shape[0], device=q.device)
-    visible = keys[None] < cu_k[1]  # [1, C]
+    keys = torch.arange(k.shape[0], device=q.device)  # [C]
+    row = torch.arange(rows, device=q.device)  # [L]
+    ranges = torch.searchsorted(cu_q[1:].contiguous(), row, right=True).clamp(max=len(cu_q) - 2)  # [L]
+    k_lo, k_hi = cu_k[ranges][:, None], cu_k[ranges + 1][:, None]  # [L, 1]
+    visible = (keys[None] >= k_lo) & (keys[None] < k_hi)  # [L, C]
     if causal:
-        visible = visible & (keys[None] <= torch.arange(rows, device=q.device)[:, None] + (cu_k[1] - cu_q[1]))
+        visible = visible & (keys[None] <= row[:, None] + k_hi - cu_q[ranges + 1][:, None])
     groups = heads // k.shape[1]
-    v = torch.where((keys < cu_k[1])[:, None, None], v.float(), 0.0)  # unused keys may hold anything, even NaN
+    used = visible.any(dim=0)  # [C]: keys outside every range may hold anything, even NaN
+    v = torch.where(used[:, None, None], v.float(), 0.0)
     k, v = k.float().repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)  # [C, H, D]
     scores = torch.einsum("lhd,khd->hlk", q.float(), k) * scale  # [H, L, C]
     scores = scores.masked_fill(~visible, float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)  # [H, L]
-    out = torch.einsum("hlk,khd->lhd", torch.exp(scores - lse[..., None]), v)
+    weights = torch.exp(scores - lse[..., None]).nan_to_num(0.0)  # a row without keys: zeros, not NaN
+    out = torch.einsum("hlk,khd->lhd", weights, v)
     return out.to(q.dtype), lse.transpose(0, 1)
 
 

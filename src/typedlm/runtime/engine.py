@@ -24,7 +24,7 @@ from typedlm.core.errors import ModelError
 from typedlm.core.options import EngineOptions
 from typedlm.runtime import hf
 from typedlm.runtime.features import Features, prepare
-from typedlm.runtime.forwards import EagerBody, Forward, OneForward, StaticForward, TwoForwards, snapshot
+from typedlm.runtime.forwards import EagerBody, Forward, OneForward, StaticForward, TwoForwards, Work, snapshot
 from typedlm.runtime.graphs import StaticRunner
 from typedlm.runtime.head import LMHead
 from typedlm.runtime.kv import PrefixKV
@@ -92,3 +92,10 @@ class Engine:
         The returned prefix holds the keys/values of `base` and `ids`; without `keep_prefix` it is None.
         """
         return self.forward.run(ids, items, base, keep_prefix)
+
+    def run_many(
+        self, documents: Sequence[Work], keep_prefix: bool = True
+    ) -> list[tuple[list[list[float]], PrefixKV | None]]:
+        """`run` for several documents, each (new tokens, items, base): in ONE forward with static shapes (no
+        document or question sees another's tokens), else one forward each. Results in the documents' order."""
+        return self.forward.run_many(documents, keep_prefix)

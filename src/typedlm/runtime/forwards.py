@@ -21,12 +21,15 @@ import torch
 
 from typedlm.ops.attention import CascadePlan
 from typedlm.runtime import hf
-from typedlm.runtime.graphs import StaticRunner
+from typedlm.runtime.graphs import Document, StaticRunner
 from typedlm.runtime.head import LMHead, group_masses
 from typedlm.runtime.kv import PrefixKV
-from typedlm.runtime.packing import PackedBatch, PackedItem, pack
+from typedlm.runtime.packing import PackedBatch, PackedItem, pack, pack_documents
 
 Ids = Sequence[int] | np.ndarray
+
+
+Work = tuple[Ids, Sequence[PackedItem], PrefixKV | None]  # one document: its new tokens, questions, cached prefix
 
 
 class Forward(Protocol):
@@ -38,6 +41,17 @@ class Forward(Protocol):
         The new prefix holds the keys/values of `base` and `ids`; without `keep_prefix` it is None.
         """
         ...
+
+    def run_many(self, documents: Sequence[Work], keep_prefix: bool) -> list[tuple[list[list[float]], PrefixKV | None]]:
+        """`run` for each of several documents (in one forward where the strategy can)."""
+        ...
+
+
+class OneAtATime:
+    """`run_many` as one `run` per document: for the eager strategies."""
+
+    def run_many(self, documents, keep_prefix):
+        return [self.run(ids, items, base, keep_prefix) for ids, items, base in documents]
 
 
 def snapshot(kv_cache, length: int) -> PrefixKV:
@@ -108,7 +122,7 @@ class EagerBody:
         return self.head.masses(batch, hidden[0])
 
 
-class TwoForwards:
+class TwoForwards(OneAtATime):
     """`prefill`, then `score`: two forwards, for models whose layers cannot all run the cascade."""
 
     def __init__(self, eager: EagerBody):
@@ -121,7 +135,7 @@ class TwoForwards:
         return masses, snapshot(kv_cache, prefix_len) if keep_prefix else None
 
 
-class OneForward:
+class OneForward(OneAtATime):
     """The document rows, then the packed rows (which see the whole document), in ONE eager forward."""
 
     def __init__(self, eager: EagerBody):
@@ -153,11 +167,24 @@ class StaticForward:
 
     @torch.inference_mode()
     def run(self, ids, items, base, keep_prefix):
-        start = base.length if base else 0
-        batch = pack(start + len(ids), items)
-        steps, layers, length = self.runner.run(ids, batch, base, keep=keep_prefix)
-        prefix = None
-        if keep_prefix:
-            prefix = PrefixKV(layers, length) if len(ids) or base is None else base
-            self.runner.remember(prefix)
-        return group_masses(batch, steps), prefix
+        return self.run_many([(ids, items, base)], keep_prefix)[0]
+
+    @torch.inference_mode()
+    def run_many(self, documents, keep_prefix):
+        """Every document and its questions in ONE static forward (`graphs.StaticRunner.run_documents`)."""
+        prefix_lens = [(base.length if base else 0) + len(ids) for ids, _, base in documents]
+        batch = pack_documents(prefix_lens, [items for _, items, _ in documents])
+        rows = [sum(len(item.suffix_ids) + len(item.labels.inner_nodes) for item in items) for _, items, _ in documents]
+        work = [Document(ids, base.length if base else 0, n, base) for (ids, _, base), n in zip(documents, rows)]
+        steps, built = self.runner.run_documents(work, batch, keep=keep_prefix)
+        masses = group_masses(batch, steps)
+        results, start = [], 0
+        for d, ((ids, items, base), (layers, length, stacked)) in enumerate(zip(documents, built)):
+            prefix = None
+            if keep_prefix:
+                prefix = PrefixKV(layers, length, stacked) if len(ids) or base is None else base
+                if d == 0:  # the first document's keys/values stay in the buffer, from 0 on
+                    self.runner.remember(prefix)
+            results.append((masses[start : start + len(items)], prefix))
+            start += len(items)
+        return results

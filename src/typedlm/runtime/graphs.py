@@ -39,6 +39,18 @@ KV_GRANULE = 256  # the key/value buffer grows in steps of this many tokens
 MAX_HELD = 8  # prefixes the buffer remembers holding
 
 
+@dataclass(frozen=True)
+class Document:
+    """One document of a static forward: its new token ids after `cached` tokens of cached prefix (`base`, a
+    `PrefixKV`; None when nothing is cached or the buffer needs no copy), and how many of the batch's packed rows
+    (its questions, in order after the documents' before it) are its own."""
+
+    ids: Sequence[int] | np.ndarray
+    cached: int
+    packed_rows: int
+    base: object | None = None
+
+
 def bucket(n: int, minimum: int = 16) -> int:
     """`n` rounded up to one of four steps per power of two (≤ 25% padding), at least `minimum`; 0 stays 0."""
     if n <= 0:
@@ -47,6 +59,11 @@ def bucket(n: int, minimum: int = 16) -> int:
         return minimum
     step = 1 << max(n.bit_length() - 3, 0)
     return -(-n // step) * step
+
+
+def documents_bucket(n: int) -> int:
+    """Documents per forward rounded up to a power of two (few graph shapes; unused ranges are empty)."""
+    return 1 << max(n - 1, 0).bit_length()
 
 
 @dataclass(frozen=True)
@@ -59,9 +76,10 @@ class Shape:
     width: int
     read_rows: int
     steps: int
+    documents: int = 1
 
     @classmethod
-    def of(cls, doc_rows: int, batch: PackedBatch) -> Shape:
+    def of(cls, doc_rows: int, batch: PackedBatch, documents: int = 1) -> Shape:
         segments = batch.segments
         width = max(end - start for start, end in segments)
         return cls(
@@ -71,6 +89,7 @@ class Shape:
             -(-width // 8) * 8,
             bucket(len(batch.read_rows)),
             bucket(len(batch.step_token)),
+            documents_bucket(documents),
         )
 
     @property
@@ -82,7 +101,7 @@ class Shape:
             "input_ids": rows,
             "position_ids": rows,
             "write_slots": self.doc_rows,
-            "cu": 8,  # cu_doc, cu_keys, cu_packed, (real packed rows, 0)
+            "cu": 3 * (self.documents + 1) + 2,  # cu_doc, cu_keys, cu_packed, (real packed rows, 0)
             "own_rows": g * s,
             "own_mask": g * s * s // 64,  # bits, 64 per word (the width is a multiple of 8)
             "row_slot": self.packed_rows,
@@ -124,13 +143,14 @@ class Slot:
         lo, hi = self.views[name]
         return self.arena[lo:hi]
 
-    def fill(self, ids: Sequence[int] | np.ndarray, batch: PackedBatch, cached: int) -> None:
-        """Write one request into the host arena and copy it to the device in one transfer.
+    def fill(self, documents: Sequence[Document], batch: PackedBatch, starts: Sequence[int]) -> None:
+        """Write one forward's documents and questions into the host arena and copy it to the device in one
+        transfer. Document b's keys go to the buffer's range from `starts[b]`: its cached prefix, then its rows.
 
         The fields from `own_rows` on depend only on the batch's layout and this shape's sizes: they are
         computed once per layout (kept with it, see `PackedBatch.memo`) and copied in.
         """
-        shape, t, n = self.shape, len(ids), batch.n_rows
+        shape, n = self.shape, batch.n_rows
         start = self.views["own_rows"][0]
         if self.copied is not None:
             self.copied.synchronize()
@@ -138,15 +158,48 @@ class Slot:
         self.host[:start] = 0
         tb = shape.doc_rows
         input_ids, positions = self.host_field("input_ids"), self.host_field("position_ids")
-        input_ids[:t] = ids
+        slots, cu = self.host_field("write_slots"), self.host_field("cu")
+        if len(documents) == 1:  # one document: its range starts at 0, padding rows continue it (never read)
+            (document,), t = documents, len(documents[0].ids)
+            input_ids[:t] = document.ids
+            positions[:tb] = np.arange(document.cached, document.cached + tb)
+            slots[:] = positions[:tb]
+            cu[:8] = (0, t, 0, document.cached + t, 0, shape.packed_rows, n, 0)
+        else:
+            self._fill_documents(documents, starts)
         input_ids[tb : tb + n] = batch.input_ids
-        positions[:tb] = np.arange(cached, cached + tb)  # padding rows continue the positions (never read)
         positions[tb : tb + n] = batch.position_ids
-        self.host_field("write_slots")[:] = positions[:tb]
-        self.host_field("cu")[:] = (0, t, 0, cached + t, 0, shape.packed_rows, n, 0)
         self.arena.copy_(self.host_tensor, non_blocking=True)
         if self.copied is not None:
             self.copied.record()
+
+    def _fill_documents(self, documents: Sequence[Document], starts: Sequence[int]) -> None:
+        """The rows, positions, key slots and ranges of several documents (see `StaticPlan`): document b's rows
+        follow the documents' before it; its keys are [starts[b], starts[b] + cached + rows). Unused document
+        ranges are empty; padding rows write their keys after every range (never read)."""
+        shape, b = self.shape, len(documents)
+        rows = np.array([len(document.ids) for document in documents], dtype=np.int64)  # [B]
+        cached = np.array([document.cached for document in documents], dtype=np.int64)  # [B]
+        first = np.cumsum(rows) - rows  # [B] each document's first row
+        t = int(rows.sum())
+        local = np.arange(t) - np.repeat(first, rows)  # [T] each row's index in its document
+        input_ids, positions = self.host_field("input_ids"), self.host_field("position_ids")
+        slots = self.host_field("write_slots")
+        input_ids[:t] = np.concatenate([np.asarray(document.ids, dtype=np.int64) for document in documents])
+        positions[:t] = np.repeat(cached, rows) + local
+        slots[:t] = np.repeat(np.asarray(starts, dtype=np.int64) + cached, rows) + local
+        end = int(starts[-1] + cached[-1] + rows[-1])  # the last key of every range
+        slots[t:] = positions[t : shape.doc_rows] = np.arange(end, end + shape.doc_rows - t)
+        ranges = shape.documents + 1
+        cu_doc, cu_keys, cu_packed = (self.host_field("cu")[i * ranges : (i + 1) * ranges] for i in range(3))
+        cu_doc[1 : b + 1], cu_doc[b + 1 :] = np.cumsum(rows), t
+        cu_keys[0] = starts[0]
+        cu_keys[1 : b + 1] = np.asarray(starts, dtype=np.int64) + cached + rows
+        cu_keys[b + 1 :] = end
+        packed = np.cumsum([document.packed_rows for document in documents])
+        cu_packed[1 : b + 1], cu_packed[b + 1 :] = packed, packed[-1]
+        cu_packed[-1] = shape.packed_rows  # padding rows join the last range (their output is never read)
+        self.host_field("cu")[3 * ranges :] = (packed[-1], 0)
 
     def _layout_inputs(self, batch: PackedBatch) -> np.ndarray:
         """The arena's fields from `own_rows` on, for this batch's layout: segments, read plan."""
@@ -208,6 +261,8 @@ class StaticRunner:
     def _ensure_capacity(self, tokens: int) -> None:
         if self.kv is not None and self.kv.shape[2] >= tokens:
             return
+        if self.kv is not None:  # grown by half at least: each growth drops every captured graph
+            tokens = max(tokens, self.kv.shape[2] * 3 // 2)
         capacity = -(-tokens // KV_GRANULE) * KV_GRANULE
         self.slots.clear()  # captured graphs point at the old buffer
         self.held = []
@@ -225,24 +280,35 @@ class StaticRunner:
             self.kv[layer, 1, : base.length].copy_(v[0].transpose(0, 1))
         self.held = [base]
 
+    def _copy_base(self, base, start: int) -> None:
+        """Copy `base`'s keys/values into the buffer at [start, start + base.length) (a later document's range)."""
+        stacked = getattr(base, "stacked", None)  # [L, 2, P, Hkv, D], where the prefix was built here
+        if stacked is not None:
+            self.kv[:, :, start : start + base.length].copy_(stacked)
+            return
+        for layer, (k, v) in enumerate(base.layers):  # k, v: [1, Hkv, P, D]
+            self.kv[layer, 0, start : start + base.length].copy_(k[0].transpose(0, 1))
+            self.kv[layer, 1, start : start + base.length].copy_(v[0].transpose(0, 1))
+
     def forward(self, slot: Slot) -> torch.Tensor:
         """One static forward over `slot`'s inputs: the log-probability of every label step [K] (on the device)."""
         shape, f = slot.shape, slot.field
         cu = f("cu").to(torch.int32)
         bits = f("own_mask").view(torch.uint8)[:, None] >> self.bit_shifts  # [G·S·S / 8, 8]: lowest bit first
         own_mask = (bits & 1).bool().view(shape.segments, shape.width, shape.width)  # [G, S, S]
+        ranges = shape.documents + 1
         common = dict(
             kv=self.kv,
             doc_rows=shape.doc_rows,
             write_slots=f("write_slots"),
-            cu_doc=cu[0:2],
-            cu_keys=cu[2:4],
-            cu_packed=cu[4:6],
+            cu_doc=cu[0:ranges],
+            cu_keys=cu[ranges : 2 * ranges],
+            cu_packed=cu[2 * ranges : 3 * ranges],
             own_rows=f("own_rows").view(shape.segments, shape.width),
             row_slot=f("row_slot"),
             cu=cu,
         )
-        if self.attention_kernel:
+        if self.attention_kernel and shape.documents == 1:  # the kernel reads one document's ranges
             plan = StaticPlan(**common, own_mask=own_mask, own_bias=None, kernel=True)
         else:
             own_mask = own_mask[:, None].repeat(1, 1, self.heads // self.kv_heads, 1)  # [G, 1, groups·S, S]
@@ -285,12 +351,35 @@ class StaticRunner:
         keys/values with its length: a fresh copy (the caller should `remember` the prefix it builds); with
         `keep=False` no keys/values (None), only the length.
         """
-        cached = base.length if base is not None else 0
-        shape = Shape.of(len(ids), batch)
-        self._ensure_capacity(cached + shape.doc_rows)
-        self._load_base(base)
+        document = Document(ids, base.length if base is not None else 0, batch.n_rows, base)
+        steps, ((layers, length, _),) = self.run_documents([document], batch, keep)
+        return steps, layers, length
+
+    @torch.inference_mode()
+    def run_documents(
+        self, documents: Sequence[Document], batch: PackedBatch, keep: bool = True
+    ) -> tuple[torch.Tensor, list[tuple[Layers | None, int, torch.Tensor | None]]]:
+        """Several documents, each its new tokens after its cached prefix, and their questions (`batch`, laid out
+        by `packing.pack_documents`) in ONE static forward. Each document's keys take their own range of the
+        buffer (the first's starts at 0: its cached prefix is copied only when the buffer does not hold it).
+
+        Returns the log-probability of every label step [K] (float32, on the CPU) and, per document, its new
+        prefix's keys/values (as `run`), its length, and the same keys/values stacked [L, 2, T, Hkv, D] (what a
+        later forward copies in one call; None where not kept or nothing new was computed).
+        """
+        first = documents[0]
+        starts, end = [], 0
+        for document in documents:
+            starts.append(end)
+            end += document.cached + len(document.ids)
+        shape = Shape.of(sum(len(d.ids) for d in documents), batch, len(documents))
+        self._ensure_capacity(end + shape.doc_rows)
+        self._load_base(first.base)
+        for document, start in zip(documents[1:], starts[1:]):
+            if document.base is not None:
+                self._copy_base(document.base, start)
         slot = self._slot(shape)
-        slot.fill(ids, batch, cached)
+        slot.fill(documents, batch, starts)
         if not self.capture:
             steps = self.forward(slot)
         else:
@@ -299,19 +388,24 @@ class StaticRunner:
             slot.graph.replay()
             steps = slot.out
         steps = steps[: len(batch.step_token)].cpu()
-        length = cached + len(ids)
-        # the buffer was written from `cached` on: it still holds the shorter prefixes and the base
-        self.held = [held for held in self.held if held.length <= cached and held is not base]
-        if base is not None:
-            self.held.append(base)
-        if not keep:
-            return steps, None, length
-        if not len(ids):
-            return steps, base.layers, length
-        snapshot = self.kv[:, :, :length].clone()  # [L, 2, T, Hkv, D]
-        # per layer (keys, values) [1, Hkv, T, D]: views made by few calls (host time counts at this size)
-        per_layer = snapshot.transpose(2, 3)[:, :, None].unbind(0)  # L × [2, 1, Hkv, T, D]
-        return steps, tuple(pair.unbind(0) for pair in per_layer), length
+        # the buffer was written from the first document's cached prefix on: it still holds that and shorter ones
+        cached = first.cached
+        self.held = [held for held in self.held if held.length <= cached and held is not first.base]
+        if first.base is not None:
+            self.held.append(first.base)
+        prefixes = []
+        for document, start in zip(documents, starts):
+            length = document.cached + len(document.ids)
+            if not keep:
+                prefixes.append((None, length, None))
+            elif not len(document.ids):
+                prefixes.append((document.base.layers, length, None))
+            else:
+                snapshot = self.kv[:, :, start : start + length].clone()  # [L, 2, T, Hkv, D]
+                # per layer (keys, values) [1, Hkv, T, D]: views made by few calls (host time counts at this size)
+                per_layer = snapshot.transpose(2, 3)[:, :, None].unbind(0)  # L × [2, 1, Hkv, T, D]
+                prefixes.append((tuple(pair.unbind(0) for pair in per_layer), length, snapshot))
+        return steps, prefixes
 
     def remember(self, prefix) -> None:
         """Note that the buffer holds `prefix` (the one just built from `run`'s keys/values)."""

@@ -2,21 +2,26 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import torch
 
 from typedlm.runtime.hf import Layers
 
 
 @dataclass(frozen=True)
 class PrefixKV:
-    """A prefix's keys and values, per layer [1, H_kv, T, D], for its first `length` tokens."""
+    """A prefix's keys and values, per layer [1, H_kv, T, D], for its first `length` tokens; `stacked`, where the
+    layers are views of one tensor [L, 2, T, H_kv, D] (a static forward's), is that tensor."""
 
     layers: Layers
     length: int
+    stacked: torch.Tensor | None = field(default=None, compare=False, repr=False)
 
     def truncated(self, n: int) -> PrefixKV:
         assert 0 <= n <= self.length, f"cannot keep {n} of {self.length} tokens"
-        return PrefixKV(tuple((k[:, :, :n], v[:, :, :n]) for k, v in self.layers), n)
+        stacked = self.stacked[:, :, :n] if self.stacked is not None else None
+        return PrefixKV(tuple((k[:, :, :n], v[:, :, :n]) for k, v in self.layers), n, stacked)
 
     @property
     def nbytes(self) -> int:

@@ -241,3 +241,16 @@ def _batch_layout(key: tuple[tuple[int, LabelSet], ...]) -> tuple[PackedBatch, n
         tuple(layout.visibility for layout in layouts),
     )
     return template, _frozen(suffix_rows)
+
+
+def pack_documents(prefix_lens: Sequence[int], items: Sequence[Sequence[PackedItem]]) -> PackedBatch:
+    """Lay out several documents' items in one batch: document d's items (in order, after the items of the documents
+    before it) are placed after a prefix of `prefix_lens[d]` tokens. Rows, reads and answer groups follow the items'
+    order, so `group_masses` returns every item's masses in that order."""
+    flat = [item for doc in items for item in doc]
+    batch = pack(0, flat)
+    if len(prefix_lens) == 1:
+        return replace(batch, prefix_len=prefix_lens[0], position_ids=batch.position_ids + prefix_lens[0])
+    rows = [sum(len(item.suffix_ids) + len(item.labels.inner_nodes) for item in doc) for doc in items]
+    offsets = np.repeat(np.asarray(prefix_lens, dtype=np.int64), rows)  # [N] each row's document's prefix length
+    return replace(batch, position_ids=batch.position_ids + offsets)
