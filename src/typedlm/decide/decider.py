@@ -23,8 +23,8 @@ Request path (each step names the module that does it):
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping
-from dataclasses import replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +55,33 @@ from typedlm.runtime.models import LoadedModel, load_model, model_fingerprint
 from typedlm.runtime.packing import PackedItem
 from typedlm.runtime.prefix_cache import PrefixCache
 from typedlm.text.labels import Labeler
-from typedlm.text.prompt import PROMPT_VERSION, ChatLayout, render_text
+from typedlm.text.prompt import PROMPT_VERSION, ChatLayout, TokenizedPrompt, render_text
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A request's reads made ready for the model (`Decider.prepare`): its questions, every read (question id,
+    the version read, its option order), the prompt's token ids and each read's packed item."""
+
+    questions: dict[str, Question]
+    flat: list[tuple[str, Question, list[int]]]
+    prompt: TokenizedPrompt
+    items: list[PackedItem]
+
+    @property
+    def tokens(self) -> int:
+        """The tokens this request puts through the model when nothing of it is cached."""
+        return len(self.prompt.prefix_ids) + sum(len(i.suffix_ids) + len(i.labels.inner_nodes) for i in self.items)
+
+
+@dataclass(frozen=True)
+class PreparedRequest:
+    """A whole request made ready: its reads, calibration method and number of order reads."""
+
+    reads: Prepared
+    method: str
+    order_reads: int
+
 
 MAX_CHARS_PER_TOKEN = 32  # no tokenizer packs more text than this into one token of real text: a bound checked
 # on characters before tokenizing (see Decider._check_size)
@@ -209,13 +235,10 @@ class Decider:
                 "shorten the state or send fewer questions"
             )
 
-    def read(
-        self, state: Text, questions: Mapping[str, Question], order_reads: int = 1, contextual: bool = False
-    ) -> Reading:
-        """The raw label masses of every read of every question, from one packed forward pass; with
-        `contextual`, each read's masses on the content-free document too (its `priors`).
+    def prepare(self, state: Text, questions: Mapping[str, Question], order_reads: int = 1) -> Prepared:
+        """Steps 1-3, everything before the model: every read's question version, labels and token ids, and the
+        limits checked. Safe to run on another thread than the forwards (tokenizing overlaps them).
 
-        Returns the reads keyed like `questions` and the number of tokens run through the model.
         Raises:
             LimitExceeded: the prompt is longer than the model or the configuration allows.
         """
@@ -230,14 +253,41 @@ class Decider:
         ]
         # 3. limits
         self._check_limits(len(prompt.prefix_ids), items, [q for q, _, _ in flat])
-        # 4-5. the state on top of the longest cached prefix, every read packed after it, in one forward
-        base = self.prefix_cache.lookup(prompt.prefix_ids)
-        shared = base.length if base else 0
+        return Prepared(dict(questions), flat, prompt, items)
+
+    def forward(self, prepared: Sequence[Prepared]) -> list[tuple[list[list[float]], int]]:
+        """Steps 4-5 for several prepared requests in ONE forward: each document's new tokens over the longest
+        cached prefix of it, every request's reads packed after its document. Requests on the same document share
+        it (their questions join one document's; no question sees another). Returns each request's masses per read
+        and its tokens served from the prefix cache."""
+        groups: dict[bytes, list[int]] = {}  # a document's prefix ids → the requests on it
+        for i, request in enumerate(prepared):
+            groups.setdefault(request.prompt.prefix_array.tobytes(), []).append(i)
+        documents, bases = [], []
+        for members in groups.values():
+            prompt = prepared[members[0]].prompt
+            base = self.prefix_cache.lookup(prompt.prefix_ids)
+            shared = base.length if base else 0
+            documents.append((prompt.prefix_array[shared:], [it for i in members for it in prepared[i].items], base))
+            bases.append(shared)
         keep = self.prefix_cache.max_bytes > 0  # a prefix that will not be cached need not be copied
-        masses, prefix = self.engine.run(prompt.prefix_array[shared:], items, base, keep_prefix=keep)
-        if prefix is not None and prefix.length > shared:
-            self.prefix_cache.insert(prompt.prefix_ids, prefix)
-        total = len(prompt.prefix_ids) + sum(len(i.suffix_ids) + len(i.labels.inner_nodes) for i in items)
+        results: list[tuple[list[list[float]], int]] = [([], 0)] * len(prepared)
+        for members, shared, (masses, prefix) in zip(
+            groups.values(), bases, self.engine.run_many(documents, keep_prefix=keep)
+        ):
+            if prefix is not None and prefix.length > shared:
+                self.prefix_cache.insert(prepared[members[0]].prompt.prefix_ids, prefix)
+            start = 0
+            for i in members:
+                n = len(prepared[i].items)
+                results[i] = (masses[start : start + n], shared)
+                start += n
+        return results
+
+    def finish(self, prepared: Prepared, masses: list[list[float]], cached: int, contextual: bool) -> Reading:
+        """Step 6 and the reads: each read's masses (and, with `contextual`, its content-free priors) back in its
+        question's own option order."""
+        flat, items = prepared.flat, prepared.items
         # 6. the content-free priors of the same reads
         priors = self._content_free(flat) if contextual else None
         reads: dict[str, Reads] = {}
@@ -246,12 +296,26 @@ class Decider:
                 [len(forms[0]) for forms in items[i].labels.groups] if getattr(version, "by_name", False) else None
             )
             entry = reads.setdefault(
-                q, Reads(questions[q].kind, [], [] if priors else None, lengths and unrotate(lengths, order))
+                q, Reads(prepared.questions[q].kind, [], [] if priors else None, lengths and unrotate(lengths, order))
             )
             entry.masses.append(unrotate(masses[i], order))
             if priors:
                 entry.priors.append(unrotate(priors[i], order))
-        return Reading(reads, total, shared)
+        return Reading(reads, prepared.tokens, cached)
+
+    def read(
+        self, state: Text, questions: Mapping[str, Question], order_reads: int = 1, contextual: bool = False
+    ) -> Reading:
+        """The raw label masses of every read of every question, from one packed forward pass; with
+        `contextual`, each read's masses on the content-free document too (its `priors`).
+
+        Returns the reads keyed like `questions` and the number of tokens run through the model.
+        Raises:
+            LimitExceeded: the prompt is longer than the model or the configuration allows.
+        """
+        prepared = self.prepare(state, questions, order_reads)
+        ((masses, cached),) = self.forward([prepared])
+        return self.finish(prepared, masses, cached, contextual)
 
     def _as_read(self, question: Question) -> Question:
         """The question as this decider reads it: a choice by its options' names where `choice_answers` says so
@@ -320,14 +384,35 @@ class Decider:
             LimitExceeded: the prompt is longer than the model or the configuration allows.
             InvalidRequest: fitted calibration without a calibration file.
         """
+        return self.decide_prepared([self.prepare_request(state, questions, calibration, order_reads)])[0]
+
+    def prepare_request(
+        self,
+        state: Text,
+        questions: Mapping[str, Question],
+        calibration: str | None = None,
+        order_reads: int | None = None,
+    ) -> PreparedRequest:
+        """A request made ready for the model (see `prepare`): every check that can refuse it is done here, so a
+        batch of prepared requests fails only for reasons of the model's own. Raises as `decide` does."""
         method = self._method(calibration) if calibration else self.calibration
         k = order_reads or self.order_reads
-        reading = self.read(state, questions, k, contextual=self.needs_prior(method))
-        answers = {q: self.answer(questions[q], reading.reads[q], method) for q in questions}
-        extras: dict[str, Any] = {"calibration": method}
-        if k > 1:
-            extras["order_reads"] = k
-        return Response(self.name, answers, Usage(reading.input_tokens, cached_tokens=reading.cached_tokens), extras)
+        return PreparedRequest(self.prepare(state, questions, k), method, k)
+
+    def decide_prepared(self, requests: Sequence[PreparedRequest]) -> list[Response]:
+        """Answer several prepared requests from ONE forward (see `forward`): each as `decide` would alone."""
+        forwarded = self.forward([request.reads for request in requests])
+        responses = []
+        for request, (masses, cached) in zip(requests, forwarded):
+            method, questions = request.method, request.reads.questions
+            reading = self.finish(request.reads, masses, cached, contextual=self.needs_prior(method))
+            answers = {q: self.answer(questions[q], reading.reads[q], method) for q in questions}
+            extras: dict[str, Any] = {"calibration": method}
+            if request.order_reads > 1:
+                extras["order_reads"] = request.order_reads
+            usage = Usage(reading.input_tokens, cached_tokens=reading.cached_tokens)
+            responses.append(Response(self.name, answers, usage, extras))
+        return responses
 
     def needs_prior(self, method: str) -> bool:
         """Whether `method` reads the content-free priors."""
