@@ -8,6 +8,7 @@ answers instantly: they never need the model.
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import json
 import logging
@@ -518,3 +519,44 @@ def test_calibration_and_order_reads_per_request(server_url):
     fitted = post(server_url, {**BODY, "x_calibration": "fitted"})
     assert fitted.status_code == 200 and fitted.json()["x_calibration"] == "fitted", fitted.text
     assert_validation(post(server_url, {**BODY, "x_order_reads": 99}), ["x_order_reads"], "from 1 to 8")
+
+
+def test_concurrent_requests_share_forwards_and_answer_as_alone(real_decider):
+    """A static-shape decider on the real model behind the real server: six clients at once are answered by fewer
+    forwards than requests (the metrics count them), each exactly as its request decided alone."""
+    from typedlm.core.options import EngineOptions
+    from typedlm.core.questions import parse_request
+    from typedlm.decide.decider import Decider
+    from typedlm.runtime.models import LoadedModel
+
+    loaded = LoadedModel(real_decider.engine.model, real_decider.tokenizer, real_decider.name)
+    decider = Decider(loaded, engine=EngineOptions(cuda_graphs=True, attention_kernel=False), prefix_cache_bytes=0)
+    assert decider.max_batch > 1
+    bodies = [
+        {
+            "state": f"Ticket {i}: my order {1000 + i} arrived {'late' if i % 2 else 'broken'}; I want a refund.",
+            "questions": {
+                "refund": {"type": "noul", "instructions": "Does the customer want a refund?"},
+                "topic": {"type": "choice", "criteria": {"billing": None, "shipping": None}},
+            },
+        }
+        for i in range(6)
+    ]
+    with ServerThread(create_app(decider, ServerSettings())) as url:
+
+        async def ask_all():
+            async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+                return await asyncio.gather(*(client.post("/v1/systemone", json=body) for body in bodies))
+
+        replies = asyncio.run(ask_all())
+        metrics = httpx.get(f"{url}/metrics").text
+    forwards = float(re.search(r"^typedlm_batch_requests_count (\S+)$", metrics, re.M).group(1))
+    assert forwards < len(bodies), "requests that waited were answered together"
+    for body, reply in zip(bodies, replies, strict=True):
+        assert reply.status_code == 200
+        request = parse_request(body)
+        alone = decider.decide(request.state, request.questions).to_wire()["answers"]
+        got = reply.json()["answers"]
+        assert abs(got["refund"]["noul"] - alone["refund"]["noul"]) < 1e-5
+        for name, p in alone["topic"]["probabilities"].items():
+            assert abs(got["topic"]["probabilities"][name] - p) < 1e-5

@@ -82,7 +82,12 @@ class PreparedRequest:
     method: str
     order_reads: int
 
+    @property
+    def tokens(self) -> int:
+        return self.reads.tokens
 
+
+BATCH_REQUESTS = 64  # requests one static forward answers at most (the server's token budget bounds it too)
 MAX_CHARS_PER_TOKEN = 32  # no tokenizer packs more text than this into one token of real text: a bound checked
 # on characters before tokenizing (see Decider._check_size)
 
@@ -181,6 +186,12 @@ class Decider:
             "order_reads": str(self.order_reads),
             "choice_answers": self.choice_answers,
         }
+
+    @property
+    def max_batch(self) -> int:
+        """Requests worth answering in one forward: many where the engine runs several documents in one (static
+        shapes), else one (one forward per document either way: batching would only make requests wait)."""
+        return BATCH_REQUESTS if self.engine.features.static else 1
 
     @property
     def features(self) -> Features:

@@ -65,7 +65,8 @@ class DeciderLike(Protocol):
 
 def create_app(decider: DeciderLike, settings: ServerSettings | None = None) -> FastAPI:
     settings = settings or ServerSettings()
-    worker = ModelWorker(settings.max_queue, settings.retry_after_s)
+    # a decider that answers many requests in one forward gets them batched (see `worker`)
+    worker = ModelWorker(settings.max_queue, settings.retry_after_s, max_batch=getattr(decider, "max_batch", 1))
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
@@ -102,7 +103,7 @@ def create_app(decider: DeciderLike, settings: ServerSettings | None = None) -> 
 
     describe = getattr(decider, "describe", None)
     metrics = ServerMetrics(describe() if describe else {"model": decider.name}, lambda: worker.pending, decider.stats)
-    worker.on_timing = metrics.timing
+    worker.on_timing, worker.on_batch = metrics.timing, metrics.batch
     request_log = RequestLog(json_lines=settings.log_format == "json")
     app.state.worker = worker
     app.state.settings = settings
@@ -144,8 +145,16 @@ def create_app(decider: DeciderLike, settings: ServerSettings | None = None) -> 
     async def answer(
         state: Text, questions: Mapping[str, Question], calibration: str | None = None, order_reads: int | None = None
     ) -> Response:
-        return await worker.submit(
-            decider.decide, state, questions, calibration, order_reads, timeout_s=settings.request_timeout_s
+        prepare = getattr(decider, "prepare_request", None)
+        if prepare is None:  # a decider that cannot answer several requests in one forward: one call each
+            return await worker.submit(
+                decider.decide, state, questions, calibration, order_reads, timeout_s=settings.request_timeout_s
+            )
+        return await worker.submit_batch(
+            lambda: prepare(state, questions, calibration, order_reads),
+            decider.decide_prepared,
+            lambda prepared: prepared.tokens,
+            timeout_s=settings.request_timeout_s,
         )
 
     json_body = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/SystemOneRequest"}}}}

@@ -30,6 +30,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # requests per forward
 CUMULATIVE = ("hits", "partial_hits", "misses", "reused_tokens")  # prefix-cache counters; the rest are sizes
 ROUTES = (
     "/",
@@ -113,9 +114,18 @@ class ServerMetrics:
         )
         self.forward = Histogram(
             "typedlm_forward_seconds",
-            "Time on the model thread (tokenizing, forward, answers)",
+            "Time of the forward (and answers) that served a request, shared with the requests batched with it",
             buckets=LATENCY_BUCKETS,
             registry=registry,
+        )
+        self.batch_requests = Histogram(
+            "typedlm_batch_requests",
+            "Requests answered by one forward",
+            buckets=BATCH_BUCKETS,
+            registry=registry,
+        )
+        self.batch_tokens = Counter(
+            "typedlm_batch_tokens", "Tokens of the requests put through forwards", registry=registry
         )
         self.input_tokens = Counter("typedlm_input_tokens", "Prompt tokens of answered requests", registry=registry)
         self.cached_tokens = Counter(
@@ -124,6 +134,11 @@ class ServerMetrics:
         self.questions = Counter("typedlm_questions", "Questions answered, by type", ["type"], registry=registry)
         Info("typedlm_model", "The served model", registry=registry).info(dict(model))
         registry.register(_Live(pending, stats))
+
+    def batch(self, requests: int, tokens: int) -> None:
+        """One forward of the model worker: how many requests it answered, and their tokens."""
+        self.batch_requests.observe(requests)
+        self.batch_tokens.inc(tokens)
 
     def timing(self, wait_s: float, run_s: float) -> None:
         """The model worker's measurements of one request."""

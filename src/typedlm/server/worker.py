@@ -1,38 +1,74 @@
 """The model worker: forward passes run on one thread, never on the event loop, behind a bounded queue.
 
-`submit` raises a 503 (with Retry-After) when `max_pending` requests are already running or waiting,
-and a 504 when the answer takes longer than the timeout (the pass itself finishes in the background and
-still counts as pending until it does). `close` waits for in-flight work: graceful shutdown.
+A request is first made ready on a host thread (`prepare`: parsing into token ids, labels, limits), so that
+tokenizing the next requests overlaps the current forward; then it waits for the model thread. Requests that
+arrive while a forward runs are answered together by the next one (`run_batch`), up to `max_batch` requests and
+`max_batch_tokens` tokens: one forward for many documents is what keeps a GPU busy. A call that cannot be batched
+(`submit`) runs alone.
+
+`submit` and `submit_batch` raise a 503 (with Retry-After) when `max_pending` requests are already being prepared,
+running or waiting, and a 504 when the answer takes longer than the timeout (the forward itself finishes in the
+background and still counts as pending until it does). `close` waits for in-flight work: graceful shutdown.
 """
 
 from __future__ import annotations
 
 import asyncio
+import queue
+import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from typedlm.server.errors import APIError
 
 T = TypeVar("T")
+P = TypeVar("P")
+
+MAX_BATCH = 64  # requests answered by one forward, at most
+MAX_BATCH_TOKENS = 65536  # tokens of one forward, at most (a single larger request still runs, alone)
+
+
+@dataclass
+class _Job:
+    """One request for the model thread: a call of its own, or an item of a batchable `run_batch`."""
+
+    future: Future
+    submitted: float
+    call: Callable[[], Any] | None = None
+    run_batch: Callable[[list], list] | None = None
+    item: Any = None
+    tokens: int = 0
+
+
+_STOP = object()
 
 
 class ModelWorker:
     def __init__(
-        self, max_pending: int, retry_after_s: int = 1, on_timing: Callable[[float, float], None] | None = None
+        self,
+        max_pending: int,
+        retry_after_s: int = 1,
+        on_timing: Callable[[float, float], None] | None = None,
+        max_batch: int = MAX_BATCH,
+        max_batch_tokens: int = MAX_BATCH_TOKENS,
+        on_batch: Callable[[int, int], None] | None = None,
     ):
-        assert max_pending >= 1, "the queue must admit at least one request"
+        assert max_pending >= 1 and max_batch >= 1, "the queue must admit at least one request"
         self.max_pending = max_pending
         self.retry_after_s = retry_after_s
-        self.on_timing = on_timing  # (seconds waiting for the thread, seconds on it) per request
+        self.on_timing = on_timing  # (seconds waiting for the model thread, seconds of its forward) per request
+        self.on_batch = on_batch  # (requests, tokens) per forward
+        self.max_batch, self.max_batch_tokens = max_batch, max_batch_tokens
         self.pending = 0  # touched only on the event loop thread
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="typedlm-model")
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._host = ThreadPoolExecutor(max_workers=1, thread_name_prefix="typedlm-host")
+        self._thread = threading.Thread(target=self._loop, name="typedlm-model", daemon=True)
+        self._thread.start()
 
-    def _done(self, _future: asyncio.Future) -> None:
-        self.pending -= 1
-
-    async def submit(self, fn: Callable[..., T], *args, timeout_s: float) -> T:
+    def _admit(self) -> None:
         if self.pending >= self.max_pending:
             raise APIError(
                 503,
@@ -41,22 +77,92 @@ class ModelWorker:
                 headers={"Retry-After": str(self.retry_after_s)},
             )
         self.pending += 1
-        submitted = time.perf_counter()
 
-        def timed() -> T:
-            started = time.perf_counter()
-            try:
-                return fn(*args)
-            finally:
-                if self.on_timing is not None:
-                    self.on_timing(started - submitted, time.perf_counter() - started)
+    def _done(self, _future: asyncio.Future) -> None:
+        self.pending -= 1
 
-        future = asyncio.get_running_loop().run_in_executor(self._executor, timed)
+    async def _wait(self, job: _Job, timeout_s: float) -> Any:
+        future = asyncio.wrap_future(job.future)
         future.add_done_callback(self._done)
+        self._queue.put(job)
         try:
             return await asyncio.wait_for(asyncio.shield(future), timeout_s)
         except TimeoutError as exc:
             raise APIError(504, "timeout", f"the request took longer than {timeout_s:g} s") from exc
 
+    async def submit(self, fn: Callable[..., T], *args, timeout_s: float) -> T:
+        """`fn(*args)` alone on the model thread."""
+        self._admit()
+        return await self._wait(_Job(Future(), time.perf_counter(), call=lambda: fn(*args)), timeout_s)
+
+    async def submit_batch(
+        self,
+        prepare: Callable[[], P],
+        run_batch: Callable[[list[P]], list[T]],
+        tokens: Callable[[P], int],
+        *,
+        timeout_s: float,
+    ) -> T:
+        """`prepare()` on the host thread (its errors are the request's own), then the prepared item answered by
+        `run_batch` on the model thread, together with the items of other requests waiting then for the same
+        `run_batch`; `tokens(item)` is what the item adds to a forward."""
+        self._admit()
+        started = time.perf_counter()
+        try:
+            prepared = asyncio.get_running_loop().run_in_executor(self._host, prepare)
+            item = await asyncio.wait_for(prepared, timeout_s)
+        except BaseException as exc:
+            self.pending -= 1
+            if isinstance(exc, TimeoutError):
+                raise APIError(504, "timeout", f"the request took longer than {timeout_s:g} s") from exc
+            raise
+        job = _Job(Future(), time.perf_counter(), run_batch=run_batch, item=item, tokens=tokens(item))
+        return await self._wait(job, max(timeout_s - (time.perf_counter() - started), 0.001))
+
+    def _loop(self) -> None:
+        carried = None  # a job taken from the queue that did not fit the last batch
+        while True:
+            job = carried if carried is not None else self._queue.get()
+            carried = None
+            if job is _STOP:
+                return
+            batch = [job]
+            if job.run_batch is not None:
+                tokens = job.tokens
+                while len(batch) < self.max_batch:
+                    try:
+                        waiting = self._queue.get_nowait()
+                    except queue.Empty:
+                        break
+                    fits = tokens + getattr(waiting, "tokens", 0) <= self.max_batch_tokens
+                    if waiting is _STOP or waiting.run_batch != job.run_batch or not fits:
+                        carried = waiting
+                        break
+                    batch.append(waiting)
+                    tokens += waiting.tokens
+            self._run(batch)
+
+    def _run(self, batch: list[_Job]) -> None:
+        started = time.perf_counter()
+        try:
+            if batch[0].call is not None:
+                results = [batch[0].call()]
+            else:
+                results = batch[0].run_batch([job.item for job in batch])
+        except BaseException as exc:  # handed to every request of the batch, raised there
+            for job in batch:
+                job.future.set_exception(exc)
+        else:
+            for job, result in zip(batch, results, strict=True):
+                job.future.set_result(result)
+        finished = time.perf_counter()
+        if self.on_batch is not None and batch[0].run_batch is not None:
+            self.on_batch(len(batch), sum(job.tokens for job in batch))
+        if self.on_timing is not None:
+            for job in batch:
+                self.on_timing(started - job.submitted, finished - started)
+
     def close(self) -> None:
-        self._executor.shutdown(wait=True)
+        self._host.shutdown(wait=True)
+        self._queue.put(_STOP)
+        self._thread.join()

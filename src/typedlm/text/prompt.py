@@ -22,6 +22,7 @@ their ids and checked cut, so a repeated document is not tokenized again.
 from __future__ import annotations
 
 import json
+import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -181,6 +182,7 @@ class ChatLayout:
         self._documents: OrderedDict[tuple[str, str], _Cut] = OrderedDict()  # state or prefix text -> its cut
         self._tail_cache: OrderedDict[str, tuple[int, ...]] = OrderedDict()  # close piece + suffix -> ids
         self._suffix_texts: dict[Question, str] = {}  # question -> its suffix text (oldest dropped first)
+        self._lock = threading.RLock()  # the caches above are shared by the threads that tokenize
         # Strings the tokenizer turns into control tokens (<|im_end|>, <|im_start|>, ...). In user text
         # they would let a document close its own turn and answer for the model, so they are defused.
         added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
@@ -201,6 +203,10 @@ class ChatLayout:
         return f"{self.head}{self.defuse(render_text(state))}{self.document_close}"
 
     def suffix_text(self, question: Question) -> str:
+        with self._lock:
+            return self._suffix_text(question)
+
+    def _suffix_text(self, question: Question) -> str:
         try:
             text = self._suffix_texts.get(question)
         except TypeError:  # a question holding an object or array is not hashable: rendered every time
@@ -215,7 +221,12 @@ class ChatLayout:
         return f"{QUESTION_LEAD}{self.defuse(question_block(question))}{self.answer_opening}"
 
     def tokenize(self, state: Text, questions: Sequence[Question]) -> TokenizedPrompt:
-        """Token ids of the shared prefix and of each question's suffix; prefix + suffix == ids of the whole."""
+        """Token ids of the shared prefix and of each question's suffix; prefix + suffix == ids of the whole.
+        Safe to call from several threads (one at a time does the work)."""
+        with self._lock:
+            return self._tokenize(state, questions)
+
+    def _tokenize(self, state: Text, questions: Sequence[Question]) -> TokenizedPrompt:
         suffixes = [self.suffix_text(question) for question in questions]
         # a string state is its own key (rendering its prefix text scans it for control strings); an object's
         # or array's key is its prefix text

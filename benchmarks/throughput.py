@@ -1,0 +1,278 @@
+"""Throughput with many clients, each sending a new document per request: batching on and off, side by side.
+
+Workloads: a long document (P ≈ 1266 tokens) with Q = 1, 4, 32 yes/no questions, and a short one (P ≈ 200, Q = 4).
+For each, C = 1, 8, 32, 128 clients send requests back to back (every request a document never seen before; the
+prefix cache is off), through one of two paths:
+
+  in_process   the server's own model worker (`server.worker.ModelWorker`), no HTTP: prepare on the host thread,
+               waiting requests answered together by one forward (batching on) or one forward each (off)
+  http         the real server (uvicorn, `create_app`) on a loopback port, clients over HTTP (httpx)
+
+Per cell: documents/s, questions/s, p50 / p99 latency, mean requests per forward, and the share of the matrix-rate
+limit reached (2 · non-embedding parameters · tokens per second, against --peak-tflops; on CUDA the H200's dense
+bf16 790 TFLOP/s by default). Prints a table, writes JSON and a PNG plot, and ends with one JSON line.
+
+    python benchmarks/throughput.py                                   # CPU, the embedded model
+    python benchmarks/throughput.py --device cuda --random-qwen3-0.6b --tokenizer DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import threading
+import time
+from datetime import date
+from pathlib import Path
+
+import torch
+
+from typedlm.core.questions import parse_request
+from typedlm.decide.decider import Decider
+from typedlm.runtime.models import load_model
+from typedlm.server import ServerSettings, create_app
+from typedlm.server.worker import ModelWorker
+
+sys.path.insert(0, str(Path(__file__).parent))
+from latency import make_questions, make_state, random_qwen3_06b
+
+RESULTS = Path(__file__).parent / "results"
+WORKLOADS = {"long": (1266, (1, 4, 32)), "short": (200, (4,))}  # name → (prefix tokens, question counts)
+
+
+class Documents:
+    """New documents of about the same length: one base text, each copy opened by its own ticket line."""
+
+    def __init__(self, decider: Decider, prefix_tokens: int):
+        self.base = make_state(decider, prefix_tokens - 8)
+        self.count = 0
+
+    def next(self) -> str:
+        self.count += 1
+        return f"Ticket {self.count} (ref. {self.count * 7919 % 100003}).\n{self.base}"
+
+
+def non_embedding_params(model: torch.nn.Module) -> int:
+    embedding = model.get_input_embeddings().weight.numel()
+    return sum(p.numel() for p in model.parameters()) - embedding  # a tied head is the embedding, counted once
+
+
+def summarise(latencies: list[float], seconds: float, questions: int, batches: list[int], tokens: int) -> dict:
+    latencies = sorted(latencies)
+    n = len(latencies)
+    return {
+        "requests": n,
+        "docs_per_s": n / seconds,
+        "questions_per_s": n * questions / seconds,
+        "p50_ms": 1000 * statistics.median(latencies),
+        "p99_ms": 1000 * latencies[min(n - 1, int(0.99 * n))],
+        "mean_batch": statistics.mean(batches) if batches else 1.0,
+        "tokens_per_s": tokens / seconds,
+    }
+
+
+async def _clients(clients: int, per_client: int, ask) -> tuple[list[float], float]:
+    latencies: list[float] = []
+
+    async def client() -> None:
+        for _ in range(per_client):
+            started = time.perf_counter()
+            await ask()
+            latencies.append(time.perf_counter() - started)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(clients)))
+    return latencies, time.perf_counter() - started
+
+
+def in_process(decider: Decider, documents: Documents, questions: dict, clients: int, per_client: int, batching: bool):
+    batches: list[int] = []
+    tokens = [0]
+
+    def on_batch(requests: int, batch_tokens: int) -> None:
+        batches.append(requests)
+        tokens[0] += batch_tokens
+
+    async def run() -> tuple[list[float], float]:
+        worker = ModelWorker(max_pending=10_000, max_batch=decider.max_batch if batching else 1, on_batch=on_batch)
+
+        async def ask():
+            state = documents.next()
+            return await worker.submit_batch(
+                lambda: decider.prepare_request(state, questions),
+                decider.decide_prepared,
+                lambda prepared: prepared.tokens,
+                timeout_s=600,
+            )
+
+        await _clients(clients, 2, ask)  # warm-up outside the measurement (graphs of these batch shapes captured)
+        batches.clear()
+        tokens[0] = 0
+        try:
+            return await _clients(clients, per_client, ask)
+        finally:
+            worker.close()
+
+    latencies, seconds = asyncio.run(run())
+    return summarise(latencies, seconds, len(questions), batches, tokens[0])
+
+
+def over_http(decider: Decider, documents: Documents, wire: dict, clients: int, per_client: int):
+    import httpx
+    import uvicorn
+
+    app = create_app(decider, ServerSettings(max_queue=10_000, request_timeout_s=600))
+    batches: list[int] = []
+    tokens = [0]
+    worker = app.state.worker
+    observed = worker.on_batch
+
+    def on_batch(requests: int, batch_tokens: int) -> None:
+        observed(requests, batch_tokens)
+        batches.append(requests)
+        tokens[0] += batch_tokens
+
+    worker.on_batch = on_batch
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.01)
+    url = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+
+    async def run() -> tuple[list[float], float]:
+        limits = httpx.Limits(max_connections=clients + 1, max_keepalive_connections=clients + 1)
+        async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
+
+            async def ask():
+                reply = await client.post("/v1/systemone", json={"state": documents.next(), "questions": wire})
+                assert reply.status_code == 200, reply.text
+
+            await _clients(clients, 2, ask)
+            batches.clear()
+            tokens[0] = 0
+            return await _clients(clients, per_client, ask)
+
+    try:
+        latencies, seconds = asyncio.run(run())
+    finally:
+        server.should_exit = True
+        thread.join(timeout=60)
+    return summarise(latencies, seconds, len(wire), batches, tokens[0])
+
+
+def plot(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for (workload, q, path_name, batching), rows in _series(report).items():
+        xs = [row["clients"] for row in rows]
+        ax.plot(xs, [row["docs_per_s"] for row in rows], marker="o", linestyle="-" if batching else ":",
+                label=f"{workload} Q={q} {path_name} batching {'on' if batching else 'off'}")  # fmt: skip
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("concurrent clients")
+    ax.set_ylabel("documents / s")
+    ax.set_title(f"{report['model']} on {report['device']}")
+    ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def _series(report: dict) -> dict:
+    series: dict = {}
+    for row in report["rows"]:
+        key = (row["workload"], row["questions"], row["path"], row["batching"])
+        series.setdefault(key, []).append(row)
+    return series
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None, help="default: the embedded model")
+    parser.add_argument("--random-qwen3-0.6b", dest="random_qwen3_06b", action="store_true")
+    parser.add_argument("--tokenizer", default=None, help="tokenizer dir for --random-qwen3-0.6b")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default=None)
+    parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32, 128])
+    parser.add_argument("--requests", type=int, default=256, help="requests per cell (at least 2 per client)")
+    parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    parser.add_argument("--questions", type=int, nargs="+", default=None, help="only these Q of each workload")
+    parser.add_argument("--paths", nargs="+", default=["in_process", "http"], choices=["in_process", "http"])
+    parser.add_argument("--no-unbatched", action="store_true", help="skip the batching-off rows")
+    parser.add_argument("--peak-tflops", type=float, default=None, help="matrix rate (default: 790 on CUDA)")
+    parser.add_argument("--out", default=None, help="JSON path (default: results/throughput-<device>-<date>.json)")
+    args = parser.parse_args()
+    dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
+    if args.random_qwen3_06b:
+        from typedlm.runtime.models import converted_gguf, embedded_gguf_path
+
+        tokenizer_dir = Path(args.tokenizer) if args.tokenizer else converted_gguf(embedded_gguf_path())
+        loaded = random_qwen3_06b(tokenizer_dir, args.device, dtype)
+    else:
+        loaded = load_model(args.model, args.device, dtype)
+    decider = Decider(loaded, prefix_cache_bytes=0, calibration="raw")
+    params = non_embedding_params(loaded.model)
+    peak = args.peak_tflops or (790.0 if args.device.startswith("cuda") else None)
+    rows = []
+    print(f"{decider.name} on {args.device} ({dtype}); {params / 1e6:.1f} M non-embedding parameters", flush=True)
+    columns = "workload | Q | path | batching | clients | docs/s | questions/s | p50 ms | p99 ms | mean batch"
+    print(f"| {columns} | of matrix rate |")
+    print("|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    for workload in args.workloads:
+        prefix_tokens, counts = WORKLOADS[workload]
+        documents = Documents(decider, prefix_tokens)
+        for q in counts:
+            if args.questions and q not in args.questions:
+                continue
+            questions = make_questions(q)
+            wire = {qid: {"type": "noul", "instructions": question.instructions} for qid, question in questions.items()}
+            assert parse_request({"state": "x", "questions": wire}).questions == questions
+            for path in args.paths:
+                for batching in (True,) if args.no_unbatched or path == "http" else (True, False):
+                    for clients in args.clients:
+                        per_client = max(2, args.requests // clients)
+                        if path == "in_process":
+                            row = in_process(decider, documents, questions, clients, per_client, batching)
+                        else:
+                            row = over_http(decider, documents, wire, clients, per_client)
+                        flops = 2 * params * row["tokens_per_s"]
+                        row.update(
+                            workload=workload, prefix_tokens=prefix_tokens, questions=q, path=path,
+                            batching=batching, clients=clients,
+                            matrix_rate=flops / (peak * 1e12) if peak else None,
+                        )  # fmt: skip
+                        rows.append(row)
+                        share = f"{100 * row['matrix_rate']:.1f}%" if peak else "-"
+                        print(
+                            f"| {workload} | {q} | {path} | {'on' if batching else 'off'} | {clients} | "
+                            f"{row['docs_per_s']:.1f} | {row['questions_per_s']:.0f} | {row['p50_ms']:.1f} | "
+                            f"{row['p99_ms']:.1f} | {row['mean_batch']:.1f} | {share} |",
+                            flush=True,
+                        )
+    report = {
+        "benchmark": "throughput",
+        "model": decider.name,
+        "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device,
+        "dtype": dtype,
+        "torch": torch.__version__,
+        "date": date.today().isoformat(),
+        "non_embedding_params": params,
+        "peak_tflops": peak,
+        "features": decider.features.summary(),
+        "rows": rows,
+    }
+    out = Path(args.out) if args.out else RESULTS / f"throughput-{args.device.split(':')[0]}-{report['date']}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    plot(report, out.with_suffix(".png"))
+    print(json.dumps({"benchmark": "throughput", "out": str(out), "rows": len(rows)}))
+
+
+if __name__ == "__main__":
+    main()
