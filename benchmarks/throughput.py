@@ -33,7 +33,7 @@ import torch
 from typedlm.core.questions import parse_request
 from typedlm.decide.decider import Decider
 from typedlm.runtime.models import load_model
-from typedlm.server import ServerSettings, create_app
+from typedlm.server.settings import ServerSettings
 from typedlm.server.worker import ModelWorker
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -123,6 +123,8 @@ def in_process(decider: Decider, documents: Documents, questions: dict, clients:
 def over_http(decider: Decider, documents: Documents, wire: dict, clients: int, per_client: int):
     import httpx
     import uvicorn
+
+    from typedlm.server import create_app
 
     app = create_app(decider, ServerSettings(max_queue=10_000, request_timeout_s=600))
     batches: list[int] = []

@@ -87,6 +87,8 @@ class StaticPlan:
     row_slot: torch.Tensor
     cu: torch.Tensor
     kernel: bool = False
+    longest: tuple[int, int, int] | None = None  # most document rows, packed rows and keys of one document (a
+    # forward not captured as a graph knows them; None: bounded by the whole forward's)
 
 
 def kernel_available() -> bool:
@@ -245,18 +247,21 @@ def attend_ranges(
     cu_k: torch.Tensor,
     scale: float,
     causal: bool = False,
+    longest: tuple[int, int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of each range of queries over its range of keys: queries [cu_q[i], cu_q[i + 1]) see keys
     [cu_k[i], cu_k[i + 1]) (one range per document of a forward); lengths live on the device.
 
     q: [L, H, D], k/v: [C, Hkv, D] (grouped heads kept grouped); causal aligns each range's last query with its
     last key (query i of a range sees its keys j <= i + keys - queries). Returns out [L, H, D] and lse [L, H]
-    (float32); rows from `cu_q[-1]` on, and rows of a range without keys, are undefined.
+    (float32); rows from `cu_q[-1]` on, and rows of a range without keys, are undefined. `longest`: the most
+    queries and keys of one range (the kernel's grid is sized by them; default: every row, every key).
     """
     rows, heads = q.shape[0], q.shape[1]
     if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
+        max_q, max_k = longest or (rows, k.shape[0])
         out, lse = torch.ops.aten._flash_attention_forward(
-            q, k, v, cu_q, cu_k, rows, k.shape[0], 0.0, causal, False, scale=scale
+            q, k, v, cu_q, cu_k, max_q, max_k, 0.0, causal, False, scale=scale
         )[:2]
         return out, (lse.transpose(0, 1) if lse.shape[0] == heads else lse[0].transpose(0, 1)).float()
     keys = torch.arange(k.shape[0], device=q.device)  # [C]
@@ -292,11 +297,15 @@ def _static_cascade(layer: int, query, key, value, plan: StaticPlan, scale: floa
     if tb:  # document rows: stored, then over the cached prefix and themselves, causally
         kbuf.index_copy_(0, plan.write_slots, k[:tb])
         vbuf.index_copy_(0, plan.write_slots, v[:tb])
-        out, _ = attend_ranges(q[:tb].contiguous(), kbuf, vbuf, plan.cu_doc, plan.cu_keys, scale, causal=True)
+        longest = (plan.longest[0], plan.longest[2]) if plan.longest else None
+        out, _ = attend_ranges(
+            q[:tb].contiguous(), kbuf, vbuf, plan.cu_doc, plan.cu_keys, scale, causal=True, longest=longest
+        )
         parts.append(out)  # padding rows hold anything: no real row reads them, their keys lie past cu_keys
     if q.shape[0] > tb:  # packed rows: everything before them, and their own segment
         qp = q[tb:].contiguous()  # [N, H, D]
-        out_s, lse_s = attend_ranges(qp, kbuf, vbuf, plan.cu_packed, plan.cu_keys, scale)
+        longest = (plan.longest[1], plan.longest[2]) if plan.longest else None
+        out_s, lse_s = attend_ranges(qp, kbuf, vbuf, plan.cu_packed, plan.cu_keys, scale, longest=longest)
         # own part, grouped heads kept grouped: the `groups` query heads of one key/value head become
         # `groups` blocks of rows over that head's keys (no copy of the keys per query head)
         g, s = plan.own_rows.shape

@@ -132,6 +132,7 @@ class Slot:
         self.host = self.host_tensor.numpy()
         self.arena = torch.zeros(offset, dtype=torch.int64, device=device)
         self.graph: torch.cuda.CUDAGraph | None = None
+        self.longest: tuple[int, int, int] | None = None  # see StaticPlan.longest (forwards not captured only)
         self.out: torch.Tensor | None = None
         self.layout_key = ("static inputs", dataclasses.replace(shape, doc_rows=0))  # what `fill` keeps per layout
 
@@ -255,6 +256,7 @@ class StaticRunner:
         self.kv: torch.Tensor | None = None  # [L, 2, C, Hkv, D]
         self.held: list = []  # prefixes whose keys/values the buffer holds at [0, length)
         self.slots: OrderedDict[Shape, Slot] = OrderedDict()
+        self.stacked: list = []  # (prefix, its keys/values stacked [L, 2, P, Hkv, D]) of bases copied lately
         self.pool = torch.cuda.graph_pool_handle() if capture else None
         self.bit_shifts = torch.arange(8, dtype=torch.uint8, device=self.device)  # unpacks own_mask's bytes
 
@@ -281,14 +283,17 @@ class StaticRunner:
         self.held = [base]
 
     def _copy_base(self, base, start: int) -> None:
-        """Copy `base`'s keys/values into the buffer at [start, start + base.length) (a later document's range)."""
-        stacked = getattr(base, "stacked", None)  # [L, 2, P, Hkv, D], where the prefix was built here
-        if stacked is not None:
-            self.kv[:, :, start : start + base.length].copy_(stacked)
-            return
-        for layer, (k, v) in enumerate(base.layers):  # k, v: [1, Hkv, P, D]
-            self.kv[layer, 0, start : start + base.length].copy_(k[0].transpose(0, 1))
-            self.kv[layer, 1, start : start + base.length].copy_(v[0].transpose(0, 1))
+        """Copy `base`'s keys/values into the buffer at [start, start + base.length) (a later document's range), in
+        one call: from the tensor the layers are views of where a static forward built it, else from a stacked
+        copy made once (the pinned system prompt is every new document's base)."""
+        stacked = getattr(base, "stacked", None)  # [L, 2, P, Hkv, D]
+        if stacked is None:
+            found = next((s for b, s in self.stacked if b is base), None)
+            if found is None:
+                found = torch.stack([torch.stack((k[0], v[0])).transpose(1, 2) for k, v in base.layers])
+                self.stacked = [*self.stacked[-(MAX_HELD - 1) :], (base, found)]
+            stacked = found
+        self.kv[:, :, start : start + base.length].copy_(stacked)
 
     def forward(self, slot: Slot) -> torch.Tensor:
         """One static forward over `slot`'s inputs: the log-probability of every label step [K] (on the device)."""
@@ -312,7 +317,8 @@ class StaticRunner:
             plan = StaticPlan(**common, own_mask=own_mask, own_bias=None, kernel=True)
         else:
             own_mask = own_mask[:, None].repeat(1, 1, self.heads // self.kv_heads, 1)  # [G, 1, groups·S, S]
-            plan = StaticPlan(**common, own_mask=own_mask, own_bias=additive(own_mask, self.dtype))
+            bias = additive(own_mask, self.dtype)
+            plan = StaticPlan(**common, own_mask=own_mask, own_bias=bias, longest=slot.longest)
         hidden = hf.run_body(
             self.body, f("input_ids")[None], f("position_ids")[None], plan=plan, attention_mask=self.masks
         )
@@ -380,7 +386,18 @@ class StaticRunner:
                 self._copy_base(document.base, start)
         slot = self._slot(shape)
         slot.fill(documents, batch, starts)
-        if not self.capture:
+        if len(documents) > 1:  # the longest document of this forward bounds the attention's grid (no graph: a
+            # forward of several documents is long enough for its launches not to count, and batch sizes vary)
+            rows = [len(d.ids) for d in documents]
+            keys = [d.cached + t for d, t in zip(documents, rows)]
+            slot.longest = (
+                max(rows),
+                max(d.packed_rows for d in documents) + shape.packed_rows - batch.n_rows,
+                max(keys),
+            )
+            steps = self.forward(slot)
+        elif not self.capture:
+            slot.longest = None
             steps = self.forward(slot)
         else:
             if slot.graph is None:

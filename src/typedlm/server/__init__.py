@@ -4,7 +4,15 @@ It only translates: wire bodies ↔ plain data (`typedlm.core.questions`, `typed
 codes (in `errors`). It never imports torch: the model arrives as a `Decider`-like object.
 """
 
-from typedlm.server.app import create_app
 from typedlm.server.settings import ServerSettings
 
 __all__ = ["ServerSettings", "create_app"]
+
+
+def __getattr__(name: str):
+    # `create_app` on first use: the model worker and settings stay importable without FastAPI
+    if name == "create_app":
+        from typedlm.server.app import create_app
+
+        return create_app
+    raise AttributeError(name)

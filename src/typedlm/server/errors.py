@@ -14,17 +14,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from typedlm.core.errors import InvalidRequest, LimitExceeded, TypedLMError
-
-
-class APIError(Exception):
-    """An error with its status code, error_type and message, raised anywhere in the server."""
-
-    def __init__(self, status: int, error_type: str, message: str, headers: dict[str, str] | None = None):
-        super().__init__(message)
-        self.status = status
-        self.error_type = error_type
-        self.message = message
-        self.headers = headers
+from typedlm.server.status import APIError
 
 
 def error_body(error_type: str, message: str) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from typedlm.server.errors import APIError
+from typedlm.server.status import APIError
 
 T = TypeVar("T")
 P = TypeVar("P")
