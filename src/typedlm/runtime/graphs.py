@@ -34,7 +34,7 @@ from typedlm.runtime.hf import Layers
 from typedlm.runtime.packing import PackedBatch
 from typedlm.runtime.patching import CAPTURED
 
-MAX_GRAPHS = 32  # captured shapes kept (least recently used dropped)
+MAX_GRAPHS = 64  # captured shapes kept (least recently used dropped)
 KV_GRANULE = 256  # the key/value buffer grows in steps of this many tokens
 MAX_HELD = 8  # prefixes the buffer remembers holding
 
@@ -77,11 +77,21 @@ class Shape:
     read_rows: int
     steps: int
     documents: int = 1
+    longest: tuple[int, int, int] | None = None  # several documents: the most document rows, packed rows and keys of
+    # one of them (bucketed; they size the attention's grid), see StaticPlan.longest
 
     @classmethod
-    def of(cls, doc_rows: int, batch: PackedBatch, documents: int = 1) -> Shape:
+    def of(cls, doc_rows: int, batch: PackedBatch, documents: Sequence[Document] = ()) -> Shape:
         segments = batch.segments
         width = max(end - start for start, end in segments)
+        longest = None
+        if len(documents) > 1:
+            packed = bucket(batch.n_rows)
+            longest = (
+                bucket(max(len(d.ids) for d in documents)),
+                bucket(max(d.packed_rows for d in documents) + packed - batch.n_rows),  # padding joins the last
+                bucket(max(d.cached + len(d.ids) for d in documents)),
+            )
         return cls(
             bucket(doc_rows),
             bucket(batch.n_rows),
@@ -89,7 +99,8 @@ class Shape:
             -(-width // 8) * 8,
             bucket(len(batch.read_rows)),
             bucket(len(batch.step_token)),
-            documents_bucket(documents),
+            documents_bucket(max(len(documents), 1)),
+            longest,
         )
 
     @property
@@ -132,7 +143,6 @@ class Slot:
         self.host = self.host_tensor.numpy()
         self.arena = torch.zeros(offset, dtype=torch.int64, device=device)
         self.graph: torch.cuda.CUDAGraph | None = None
-        self.longest: tuple[int, int, int] | None = None  # see StaticPlan.longest (forwards not captured only)
         self.out: torch.Tensor | None = None
         self.layout_key = ("static inputs", dataclasses.replace(shape, doc_rows=0))  # what `fill` keeps per layout
 
@@ -318,7 +328,7 @@ class StaticRunner:
         else:
             own_mask = own_mask[:, None].repeat(1, 1, self.heads // self.kv_heads, 1)  # [G, 1, groups·S, S]
             bias = additive(own_mask, self.dtype)
-            plan = StaticPlan(**common, own_mask=own_mask, own_bias=bias, longest=slot.longest)
+            plan = StaticPlan(**common, own_mask=own_mask, own_bias=bias, longest=shape.longest)
         hidden = hf.run_body(
             self.body, f("input_ids")[None], f("position_ids")[None], plan=plan, attention_mask=self.masks
         )
@@ -378,7 +388,7 @@ class StaticRunner:
         for document in documents:
             starts.append(end)
             end += document.cached + len(document.ids)
-        shape = Shape.of(sum(len(d.ids) for d in documents), batch, len(documents))
+        shape = Shape.of(sum(len(d.ids) for d in documents), batch, documents)
         self._ensure_capacity(end + shape.doc_rows)
         self._load_base(first.base)
         for document, start in zip(documents[1:], starts[1:]):
@@ -386,18 +396,7 @@ class StaticRunner:
                 self._copy_base(document.base, start)
         slot = self._slot(shape)
         slot.fill(documents, batch, starts)
-        if len(documents) > 1:  # the longest document of this forward bounds the attention's grid (no graph: a
-            # forward of several documents is long enough for its launches not to count, and batch sizes vary)
-            rows = [len(d.ids) for d in documents]
-            keys = [d.cached + t for d, t in zip(documents, rows)]
-            slot.longest = (
-                max(rows),
-                max(d.packed_rows for d in documents) + shape.packed_rows - batch.n_rows,
-                max(keys),
-            )
-            steps = self.forward(slot)
-        elif not self.capture:
-            slot.longest = None
+        if not self.capture:
             steps = self.forward(slot)
         else:
             if slot.graph is None:
