@@ -126,7 +126,7 @@ def over_http(decider: Decider, documents: Documents, wire: dict, clients: int, 
 
     from typedlm.server import create_app
 
-    app = create_app(decider, ServerSettings(max_queue=10_000, request_timeout_s=600))
+    app = create_app(decider, ServerSettings(max_queue=10_000, request_timeout_s=600, max_batch=decider.max_batch))
     batches: list[int] = []
     tokens = [0]
     worker = app.state.worker

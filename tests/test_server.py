@@ -542,7 +542,7 @@ def test_concurrent_requests_share_forwards_and_answer_as_alone(real_decider):
         }
         for i in range(6)
     ]
-    with ServerThread(create_app(decider, ServerSettings())) as url:
+    with ServerThread(create_app(decider, ServerSettings(max_batch=64))) as url:
 
         async def ask_all():
             async with httpx.AsyncClient(base_url=url, timeout=60) as client:

@@ -98,6 +98,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-queue", type=int, default=16, help="requests running or waiting; more get 503")
     serve.add_argument("--timeout", type=float, default=300.0, help="seconds per request before a 504 (default 300)")
     serve.add_argument(
+        "--max-batch",
+        type=int,
+        default=1,
+        help="requests one forward may answer together (GPU, static shapes; default 1: one forward per request, "
+        "the next request tokenized meanwhile; see benchmarks/README.md for when more pays)",
+    )
+    serve.add_argument(
         "--head-timeout",
         type=float,
         default=HEAD_TIMEOUT_S,
@@ -234,12 +241,15 @@ def serve(args: argparse.Namespace) -> int:
 
     if args.max_queue < 1:
         raise InvalidRequest("--max-queue must be at least 1")
+    if args.max_batch < 1:
+        raise InvalidRequest("--max-batch must be at least 1")
     if not args.head_timeout > 0:
         raise InvalidRequest("--head-timeout must be positive")
     _check_listen(args.host, args.port)
     settings = ServerSettings(
         api_keys=tuple(args.api_key) + keys_from_env(),
         max_queue=args.max_queue,
+        max_batch=args.max_batch,
         request_timeout_s=args.timeout,
         max_body_bytes=args.max_body_bytes,
         log_format=args.log_format,

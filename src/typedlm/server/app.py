@@ -65,8 +65,9 @@ class DeciderLike(Protocol):
 
 def create_app(decider: DeciderLike, settings: ServerSettings | None = None) -> FastAPI:
     settings = settings or ServerSettings()
-    # a decider that answers many requests in one forward gets them batched (see `worker`)
-    worker = ModelWorker(settings.max_queue, settings.retry_after_s, max_batch=getattr(decider, "max_batch", 1))
+    # requests waiting for the model are answered together, up to max_batch, where the decider can (see `worker`)
+    max_batch = min(settings.max_batch, getattr(decider, "max_batch", 1))
+    worker = ModelWorker(settings.max_queue, settings.retry_after_s, max_batch=max_batch)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):

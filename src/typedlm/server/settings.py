@@ -20,6 +20,7 @@ def keys_from_env(environ: dict[str, str] | None = None) -> tuple[str, ...]:
 class ServerSettings:
     api_keys: tuple[str, ...] = ()  # empty: auth off
     max_queue: int = 16  # requests running or waiting for the model; more get 503 + Retry-After
+    max_batch: int = 1  # requests one forward may answer (where the decider can; see server.worker)
     request_timeout_s: float = 300.0
     max_body_bytes: int = 8 * 1024 * 1024  # after decompression too
     aliases: tuple[str, ...] = DEFAULT_ALIASES  # model names that mean "the served model"
