@@ -18,6 +18,10 @@ Request path (each step names the module that does it):
 6. for contextual calibration, the same reads over a content-free document, whose prefix is cached at
    load (their masses are remembered per suffix, so repeated questions cost nothing)   (here)
 7. calibrate each read, average the reads; the question type builds its answer         (calibration, core)
+
+Steps 1-3 are `prepare` (no model: a server runs it on another thread while the model works), 4-5 `forward`, which
+takes several prepared requests at once (one forward for all of them where the engine has static shapes:
+`prepare_request` / `decide_prepared`), and 6-7 `finish` and `answer`.
 """
 
 from __future__ import annotations

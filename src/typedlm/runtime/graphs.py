@@ -14,6 +14,9 @@ memory. So a request's forward is made static:
 - all integer inputs of a request travel in one host→device copy (an int64 arena with a view per field; the
   segments' visibility packed as bits, 64 per word, unpacked on the device).
 
+Several documents can share one forward (`run_documents`): each takes its own range of the key/value buffer
+(its cached prefix copied in, then its rows), and the attention runs one range per document (`StaticPlan`).
+
 Without CUDA (or with `capture=False`) the same static forward runs eagerly; tests check it against the
 dynamic path on CPU. The answers equal the dynamic path's up to floating-point summation order.
 """
