@@ -165,6 +165,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     calibrate.add_argument("--out", required=True, help="calibration file; with several bases, OUT.<base>.json")
     _add_model_options(calibrate)
+    batch = commands.add_parser(
+        "batch", help="answer a file of /v1/systemone request bodies (JSON Lines or Parquet) into JSON Lines, resumable"
+    )
+    batch.add_argument("input", help="JSON Lines (one request body per line) or .parquet (one per row; needs pyarrow)")
+    batch.add_argument("--out", required=True, help="JSON Lines of records in input order; a re-run resumes it")
+    batch.add_argument("--questions", default=None, help="a JSON file of questions asked of every row's state")
+    batch.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    _add_model_options(batch)
+    _add_calibration_options(batch)
     models = commands.add_parser("models", help="the named models: size, source, licence, whether installed")
     models.add_argument("action", nargs="?", choices=("list", "install"), default="list")
     models.add_argument("name", nargs="?", help="install: the model to install (its name or alias)")
@@ -402,6 +411,41 @@ def models_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def batch_command(args: argparse.Namespace) -> int:
+    from typedlm.core.questions import parse_questions
+    from typedlm.jobs.batch import count_rows, resume
+
+    questions = None
+    if args.questions:
+        questions = _read_body(args.questions)
+        parse_questions(questions)  # a bad questions file fails before the model loads
+    if not Path(args.input).is_file():
+        raise InvalidRequest(f"no input file {args.input}")
+    total, done = count_rows(args.input), resume(args.out)  # an unreadable input fails before the model loads too
+    if done >= total:
+        print(f"typedlm: all {total} rows are already in {args.out}", file=sys.stderr)
+        return 0
+    from tqdm import tqdm
+
+    from typedlm.decide.decider import Decider
+    from typedlm.jobs.batch import run_batch
+
+    decider = Decider.load(args.model, args.device, args.dtype, **_calibration_kwargs(args))
+
+    def progress(rows, total, done):
+        return tqdm(rows, total=total, initial=done, unit="row", disable=not args.progress, file=sys.stderr)
+
+    summary = run_batch(
+        decider, args.input, args.out, questions=questions, aliases=_aliases(decider.name), progress=progress
+    )
+    print(
+        f"typedlm: {summary.answered} rows answered ({summary.errors} as errors), {summary.skipped} already in "
+        f"{args.out}, {summary.rows} in all",
+        file=sys.stderr,
+    )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     commands = {
@@ -410,6 +454,7 @@ def main(argv: list[str] | None = None) -> int:
         "eval": evaluate_command,
         "calibrate": calibrate_command,
         "models": models_command,
+        "batch": batch_command,
     }
     try:
         return commands[args.command](args)

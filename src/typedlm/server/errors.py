@@ -6,38 +6,23 @@ Validation errors: 422 {"detail": [{"loc": ["body", ...], "msg", "type"}]}. Othe
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from typedlm.core.errors import InvalidRequest, LimitExceeded, TypedLMError
-from typedlm.server.status import APIError
-
-
-def error_body(error_type: str, message: str) -> dict[str, Any]:
-    return {"detail": {"error_type": error_type, "message": message}}
-
-
-def validation_body(loc: tuple | list, message: str, kind: str = "value_error") -> dict[str, Any]:
-    return {"detail": [{"loc": ["body", *loc], "msg": message, "type": kind}]}
+from typedlm.core.errors import TypedLMError
+from typedlm.server.status import APIError, error_body, error_status
 
 
 def to_response(exc: Exception) -> JSONResponse:
-    """The one mapping from exceptions to HTTP responses."""
-    if isinstance(exc, APIError):
-        return JSONResponse(error_body(exc.error_type, exc.message), exc.status, headers=exc.headers)
-    if isinstance(exc, LimitExceeded):
-        return JSONResponse(error_body("request_too_large", str(exc)), 413)
-    if isinstance(exc, InvalidRequest):
-        return JSONResponse(validation_body(exc.loc, exc.message, exc.kind), 422)
-    # after a 5xx the server closes the connection (the exception propagates to it): say so, so that a client
-    # does not send its next request on a connection that is about to be reset
-    if isinstance(exc, TypedLMError):
-        return JSONResponse(error_body("model_error", str(exc)), 500, headers=CLOSE)
-    return JSONResponse(error_body("internal_error", "the server failed to answer; this is a bug"), 500, headers=CLOSE)
+    """The one mapping from exceptions to HTTP responses (`status.error_status`)."""
+    status, body = error_status(exc)
+    if status >= 500:
+        # after a 5xx the server closes the connection (the exception propagates to it): say so, so that a client
+        # does not send its next request on a connection that is about to be reset
+        return JSONResponse(body, status, headers=CLOSE)
+    return JSONResponse(body, status, headers=exc.headers if isinstance(exc, APIError) else None)
 
 
 CLOSE = {"Connection": "close"}

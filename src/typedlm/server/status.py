@@ -1,7 +1,12 @@
-"""`APIError`: an error with the status code it answers with. Plain Python (no FastAPI), so that the model worker
-raises it without the web framework; `errors` turns it into the response."""
+"""Errors as the API states them, in plain Python (no FastAPI): `APIError` (an error with the status it answers
+with), and `error_status`, the one mapping from any exception to a status and JSON body, which the server's
+responses (`errors`) and the batch job's error records (`typedlm.jobs.batch`) both use."""
 
 from __future__ import annotations
+
+from typing import Any
+
+from typedlm.core.errors import InvalidRequest, LimitExceeded, TypedLMError
 
 
 class APIError(Exception):
@@ -13,3 +18,24 @@ class APIError(Exception):
         self.error_type = error_type
         self.message = message
         self.headers = headers
+
+
+def error_body(error_type: str, message: str) -> dict[str, Any]:
+    return {"detail": {"error_type": error_type, "message": message}}
+
+
+def validation_body(loc: tuple | list, message: str, kind: str = "value_error") -> dict[str, Any]:
+    return {"detail": [{"loc": ["body", *loc], "msg": message, "type": kind}]}
+
+
+def error_status(exc: BaseException) -> tuple[int, dict[str, Any]]:
+    """(status, body) of an exception: 4xx for what the request got wrong, 500 for the rest."""
+    if isinstance(exc, APIError):
+        return exc.status, error_body(exc.error_type, exc.message)
+    if isinstance(exc, LimitExceeded):
+        return 413, error_body("request_too_large", str(exc))
+    if isinstance(exc, InvalidRequest):
+        return 422, validation_body(exc.loc, exc.message, exc.kind)
+    if isinstance(exc, TypedLMError):
+        return 500, error_body("model_error", str(exc))
+    return 500, error_body("internal_error", "the server failed to answer; this is a bug")

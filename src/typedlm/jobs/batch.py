@@ -1,0 +1,171 @@
+"""A batch job: a file of /v1/systemone request bodies in, one record per row out, in input order, resumable.
+
+    summary = run_batch(decider, "requests.jsonl", "answers.jsonl")
+
+Input: JSON Lines (one request body per line) or Parquet (one per row; needs pyarrow), or rows holding a `state`
+with the questions given once (`questions=`). Output: JSON Lines, row by row in input order, each
+`{"id": ..., "response": {...}}` with the server's response body, or `{"id": ..., "error": {"status": ...,
+"detail": ...}}` with the status and body the server would answer (`server.status.error_status`); `id` is the row's
+own "id" field, else its 0-based row number. A bad row becomes an error record, never a failed job.
+
+Resumable: the output is appended to; a run first counts the complete records already there (a last line cut off
+by a crash is dropped) and skips as many rows, so a re-run after a crash writes every row exactly once.
+
+Rows are prepared one by one (`Decider.prepare_request`: their errors are their own) and answered in groups of up
+to `Decider.max_batch` by one forward each (`decide_prepared`), as the server batches.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from typedlm.core.errors import InvalidRequest
+from typedlm.core.questions import parse_request
+from typedlm.server.status import APIError, error_status
+
+MAX_BATCH_TOKENS = 65536  # tokens of the rows one forward answers, at most (as the server's worker)
+
+
+@dataclass(frozen=True)
+class BatchSummary:
+    rows: int  # rows in the input
+    skipped: int  # rows already answered in the output (a resumed run)
+    answered: int  # rows answered by this run
+    errors: int  # of them, error records
+
+
+def count_rows(path: str | Path) -> int:
+    """Rows of an input file (JSON Lines: non-blank lines; Parquet: its row count)."""
+    path = Path(path)
+    if path.suffix == ".parquet":
+        return _parquet(path).metadata.num_rows
+    with path.open("rb") as f:
+        return sum(1 for line in f if line.strip())
+
+
+def read_rows(path: str | Path, skip: int = 0) -> Iterator[tuple[int, Any]]:
+    """(row number, row) from a JSON Lines or Parquet file, after the first `skip` rows. A JSON Lines row that is
+    not JSON is yielded as an `InvalidRequest`, to become its row's error record."""
+    path = Path(path)
+    if path.suffix == ".parquet":
+        number = 0
+        for chunk in _parquet(path).iter_batches():
+            for row in chunk.to_pylist():
+                if number >= skip:
+                    yield number, row
+                number += 1
+        return
+    with path.open(encoding="utf-8") as f:
+        number = 0
+        for line in f:
+            if not line.strip():
+                continue
+            if number >= skip:
+                try:
+                    yield number, json.loads(line)
+                except json.JSONDecodeError as exc:
+                    yield number, InvalidRequest(f"the row is not valid JSON: {exc}", (), "json_invalid")
+            number += 1
+
+
+def _parquet(path: Path):
+    try:
+        import pyarrow.parquet as pq
+    except ImportError as exc:
+        raise InvalidRequest("reading Parquet needs pyarrow: pip install pyarrow (or give JSON Lines)") from exc
+    return pq.ParquetFile(path)
+
+
+def resume(path: str | Path) -> int:
+    """The complete records in an output file (0 if it does not exist); a last line without its newline, cut off
+    by a crash, is removed so that its row is written again."""
+    path = Path(path)
+    if not path.exists():
+        return 0
+    data = path.read_bytes()
+    end = data.rfind(b"\n") + 1
+    if end < len(data):
+        with path.open("r+b") as f:
+            f.truncate(end)
+    return data.count(b"\n", 0, end)
+
+
+def row_id(number: int, row: Any) -> Any:
+    return row["id"] if isinstance(row, Mapping) and "id" in row else number
+
+
+def request_body(row: Any, questions: Mapping[str, Any] | None) -> Any:
+    """The request body of a row: the row itself, or with `questions`, the row's state (and calibration fields)
+    asked those questions."""
+    if questions is None:
+        return row
+    if not isinstance(row, Mapping) or "state" not in row:
+        raise InvalidRequest("with --questions every row needs a state", ("state",))
+    return {**{k: v for k, v in row.items() if k.startswith("x_") or k == "model"}, "state": row["state"],
+            "questions": questions}  # fmt: skip
+
+
+def run_batch(
+    decider,
+    source: str | Path,
+    out: str | Path,
+    *,
+    questions: Mapping[str, Any] | None = None,
+    aliases: Iterable[str] = (),
+    progress: Callable[[Iterable, int, int], Iterable] | None = None,
+) -> BatchSummary:
+    """Answer every row of `source` not yet in `out` (see the module docstring). `aliases`: model names a row may
+    give besides the decider's; `progress(rows, total, done)` may wrap the rows (a progress bar)."""
+    total, done = count_rows(source), resume(out)
+    served = (decider.name, *aliases)
+    rows: Iterable = read_rows(source, skip=done)
+    if progress is not None:
+        rows = progress(rows, total, done)
+    answered = errors = 0
+    with Path(out).open("a", encoding="utf-8") as sink:
+        pending: list[tuple[Any, Any]] = []  # (id, prepared request or error) in input order
+        tokens = 0
+
+        def flush() -> None:
+            nonlocal answered, errors, tokens
+            prepared = [item for _, item in pending if not isinstance(item, BaseException)]
+            responses = iter(decider.decide_prepared(prepared) if prepared else ())
+            for identifier, item in pending:
+                if isinstance(item, BaseException):
+                    status, body = error_status(item)
+                    record = {"id": identifier, "error": {"status": status, "detail": body["detail"]}}
+                    errors += 1
+                else:
+                    record = {"id": identifier, "response": next(responses).to_wire()}
+                sink.write(json.dumps(record, ensure_ascii=False) + "\n")
+                answered += 1
+            sink.flush()
+            pending.clear()
+            tokens = 0
+
+        for number, row in rows:
+            identifier = row_id(number, row)
+            try:
+                if isinstance(row, BaseException):
+                    raise row
+                request = parse_request(request_body(row, questions))
+                if request.model is not None and request.model not in served:
+                    raise APIError(404, "model_not_found", f"unknown model {request.model!r}; this server serves: "
+                                   f"{', '.join(served)}")  # fmt: skip
+                item = decider.prepare_request(request.state, request.questions, request.calibration,
+                                               request.order_reads)  # fmt: skip
+            except (InvalidRequest, APIError) as exc:
+                item = exc
+            if not isinstance(item, BaseException):
+                if len(pending) >= decider.max_batch or (pending and tokens + item.tokens > MAX_BATCH_TOKENS):
+                    flush()
+                tokens += item.tokens
+            pending.append((identifier, item))
+            if len(pending) >= decider.max_batch:
+                flush()
+        flush()
+    return BatchSummary(total, done, answered, errors)

@@ -1,0 +1,152 @@
+"""Batch jobs: a file of requests in, one record per row out, in order, resumable; bad rows become error records."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from typedlm.jobs.batch import read_rows, resume, run_batch
+
+QUESTIONS = {
+    "refund": {"type": "noul", "instructions": "Does the customer ask for a refund?"},
+    "topic": {"type": "choice", "criteria": {"billing": None, "shipping": None}},
+}
+
+
+def _rows() -> list:
+    return [
+        {"state": "I was charged twice; refund the second charge.", "questions": QUESTIONS},
+        {"id": "ticket-7", "state": "The parcel is late again.", "questions": QUESTIONS, "x_calibration": "raw"},
+        {"state": "x", "questions": {"q": {"type": "choice", "criteria": {"only": None}}}},  # one option: 422
+        {"model": "gpt-4", "state": "x", "questions": QUESTIONS},  # a model this server does not serve: 404
+        {"state": "Thanks, all good now.", "questions": QUESTIONS, "model": "jev-latest"},
+    ]
+
+
+def _write(path: Path, rows: list, broken_line: int | None = None) -> None:
+    lines = [json.dumps(row) for row in rows]
+    if broken_line is not None:
+        lines.insert(broken_line, '{"state": "unterminated')
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def _same_response(got: dict, want: dict) -> None:
+    """The same answers, up to float rounding (one of the two may have read its document from the prefix cache)."""
+
+    def numbers(value, path=()):
+        if isinstance(value, dict):
+            for key, item in value.items():
+                yield from numbers(item, (*path, key))
+        elif isinstance(value, float):
+            yield path, value
+        else:
+            yield path, value
+
+    assert got["usage"]["input_tokens"] == want["usage"]["input_tokens"]
+    left, right = dict(numbers(got["answers"])), dict(numbers(want["answers"]))
+    assert left.keys() == right.keys()
+    for key, value in left.items():
+        assert value == pytest.approx(right[key], abs=1e-6), key
+
+
+def _records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def test_every_row_gets_its_record_in_order_with_the_servers_answer_or_error(real_decider, tmp_path):
+    source, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    _write(source, _rows(), broken_line=3)
+    summary = run_batch(real_decider, source, out, aliases=("jev-latest",))
+    records = _records(out)
+    assert [r["id"] for r in records] == [0, "ticket-7", 2, 3, 4, 5]
+    assert (summary.rows, summary.answered, summary.errors) == (6, 6, 3)
+    _same_response(records[0]["response"], real_decider.respond(_rows()[0]))
+    assert records[1]["response"]["x_calibration"] == "raw"
+    assert records[2]["error"]["status"] == 422 and records[2]["error"]["detail"][0]["loc"][:2] == ["body", "questions"]
+    assert records[3]["error"]["status"] == 422 and records[3]["error"]["detail"][0]["type"] == "json_invalid"
+    assert records[4]["error"] == {
+        "status": 404,
+        "detail": {"error_type": "model_not_found", "message": "unknown model 'gpt-4'; this server serves: "
+                   "smollm2-135m-instruct, jev-latest"},
+    }  # fmt: skip
+    assert "response" in records[5]
+
+
+def test_a_run_resumes_after_the_records_already_written(real_decider, tmp_path):
+    source, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    rows = [{"id": i, "state": f"Message {i}: where is my parcel?", "questions": QUESTIONS} for i in range(5)]
+    _write(source, rows)
+    run_batch(real_decider, source, out)
+    complete = out.read_text(encoding="utf-8")
+    lines = complete.splitlines(keepends=True)
+    out.write_text("".join(lines[:2]) + lines[2][:17], encoding="utf-8")  # a crash in the middle of record 2
+    assert resume(out) == 2 and out.read_text(encoding="utf-8") == "".join(lines[:2])
+    summary = run_batch(real_decider, source, out)
+    assert (summary.skipped, summary.answered) == (2, 3)
+    first, again = [json.loads(line) for line in complete.splitlines()], _records(out)
+    assert [r["id"] for r in again] == [r["id"] for r in first] == list(range(5)), "every row exactly once"
+    assert again[:2] == first[:2]
+    for got, want in zip(again[2:], first[2:], strict=True):  # answered again: the documents are cached now
+        _same_response(got["response"], want["response"])
+    assert run_batch(real_decider, source, out).answered == 0, "a finished job has nothing left"
+
+
+def test_a_state_column_with_the_questions_given_once_and_parquet_input(real_decider, tmp_path):
+    pyarrow = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    table = pyarrow.table({"id": ["a", "b"], "state": ["Refund me, please.", "Where is my parcel?"]})
+    pq.write_table(table, tmp_path / "in.parquet")
+    out = tmp_path / "out.jsonl"
+    run_batch(real_decider, tmp_path / "in.parquet", out, questions=QUESTIONS)
+    records = _records(out)
+    assert [r["id"] for r in records] == ["a", "b"]
+    _same_response(
+        records[1]["response"], real_decider.respond({"state": "Where is my parcel?", "questions": QUESTIONS})
+    )
+    assert [row for _, row in read_rows(tmp_path / "in.parquet", skip=1)] == [
+        {"id": "b", "state": "Where is my parcel?"}
+    ]
+
+
+def test_the_cli_job_killed_midway_and_run_again_writes_every_row_once(tmp_path):
+    source, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    questions = tmp_path / "questions.json"
+    questions.write_text(json.dumps(QUESTIONS), encoding="utf-8")
+    _write(source, [{"id": f"r{i}", "state": f"Ticket {i}: the order {100 + i} never came."} for i in range(14)])
+    command = [sys.executable, "-m", "typedlm.cli", "batch", str(source), "--out", str(out), "--questions",
+               str(questions), "--no-progress"]  # fmt: skip
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    job = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while not (out.exists() and out.read_text(encoding="utf-8").count("\n") >= 3):
+        assert job.poll() is None and time.monotonic() < deadline, "the job ended before it could be killed"
+        time.sleep(0.05)
+    job.kill()
+    job.wait()
+    written = out.read_text(encoding="utf-8").count("\n")
+    assert 3 <= written < 14, "killed midway"
+    finished = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert finished.returncode == 0, finished.stderr
+    assert f"{written} already in" in finished.stderr
+    assert [r["id"] for r in _records(out)] == [f"r{i}" for i in range(14)]
+
+
+def test_the_cli_refuses_a_bad_questions_file_before_loading_the_model(tmp_path):
+    (tmp_path / "in.jsonl").write_text('{"state": "x"}\n', encoding="utf-8")
+    (tmp_path / "q.json").write_text('{"q": {"type": "nope"}}', encoding="utf-8")
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "typedlm.cli", "batch", str(tmp_path / "in.jsonl"), "--out", str(tmp_path / "o.jsonl"),
+         "--questions", str(tmp_path / "q.json")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2 and "invalid request" in done.stderr and "questions" in done.stderr
+    assert time.monotonic() - started < 30
+    assert not (tmp_path / "o.jsonl").exists()
