@@ -150,3 +150,32 @@ def test_the_cli_refuses_a_bad_questions_file_before_loading_the_model(tmp_path)
     assert done.returncode == 2 and "invalid request" in done.stderr and "questions" in done.stderr
     assert time.monotonic() - started < 30
     assert not (tmp_path / "o.jsonl").exists()
+
+
+def test_on_ray_two_actors_give_the_in_process_records(real_decider, tmp_path):
+    """`--ray` with 2 workers on a local Ray: every row, in input order, each record the in-process one (answers
+    within 1e-6; bad rows the same error records)."""
+    ray = pytest.importorskip("ray")
+    from typedlm.jobs.ray_batch import run_batch_on_ray
+
+    source = tmp_path / "in.jsonl"
+    rows = [{"id": i, "state": f"Ticket {i}: order {200 + i} {'never came' if i % 2 else 'was charged twice'}.",
+             "questions": QUESTIONS} for i in range(9)]  # fmt: skip
+    _write(source, [*rows[:4], *_rows()[2:4], *rows[4:]], broken_line=5)
+    in_process, on_ray = tmp_path / "local.jsonl", tmp_path / "ray.jsonl"
+    run_batch(real_decider, source, in_process, aliases=("jev-latest",))
+    options = {"model": None, "device": "cpu", "dtype": "float32", "calibration": "raw", "choice_answers": "letters",
+               "threads": 1}  # fmt: skip
+    try:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        summary = run_batch_on_ray(source, on_ray, options, aliases=("jev-latest",), workers=2)
+    finally:
+        ray.shutdown()
+    want, got = _records(in_process), _records(on_ray)
+    assert (summary.rows, summary.answered, summary.errors) == (12, 12, 3)
+    assert [r["id"] for r in got] == [r["id"] for r in want] == [0, 1, 2, 3, 4, 5, 6, 4, 5, 6, 7, 8]
+    for g, w in zip(got, want, strict=True):
+        if "error" in w:
+            assert g == w
+        else:
+            _same_response(g["response"], w["response"])

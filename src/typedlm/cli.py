@@ -172,6 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
     batch.add_argument("--out", required=True, help="JSON Lines of records in input order; a re-run resumes it")
     batch.add_argument("--questions", default=None, help="a JSON file of questions asked of every row's state")
     batch.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    batch.add_argument("--ray", action="store_true", help="run on Ray Data: a pool of actors, one decider each")
+    batch.add_argument("--ray-address", default=None, help="an existing Ray cluster (default: a local one)")
+    batch.add_argument("--workers", type=int, default=2, help="with --ray: actors (one GPU each on CUDA; default 2)")
     _add_model_options(batch)
     _add_calibration_options(batch)
     models = commands.add_parser("models", help="the named models: size, source, licence, whether installed")
@@ -427,17 +430,34 @@ def batch_command(args: argparse.Namespace) -> int:
         return 0
     from tqdm import tqdm
 
-    from typedlm.decide.decider import Decider
-    from typedlm.jobs.batch import run_batch
-
-    decider = Decider.load(args.model, args.device, args.dtype, **_calibration_kwargs(args))
-
     def progress(rows, total, done):
         return tqdm(rows, total=total, initial=done, unit="row", disable=not args.progress, file=sys.stderr)
 
-    summary = run_batch(
-        decider, args.input, args.out, questions=questions, aliases=_aliases(decider.name), progress=progress
-    )
+    if args.ray:
+        if args.workers < 1:
+            raise InvalidRequest("--workers must be at least 1")
+        from typedlm.jobs.ray_batch import run_batch_on_ray
+
+        on_cpu = not args.device.startswith("cuda")
+        options = {"model": args.model, "device": args.device, "dtype": args.dtype, **_calibration_kwargs(args)}
+        summary = run_batch_on_ray(
+            args.input,
+            args.out,
+            {**options, "threads": 1 if on_cpu else 0},  # on CPUs an actor has one core
+            questions=questions,
+            aliases=_aliases(args.model or EMBEDDED_MODEL),
+            workers=args.workers,
+            address=args.ray_address,
+            progress=progress,
+        )
+    else:
+        from typedlm.decide.decider import Decider
+        from typedlm.jobs.batch import run_batch
+
+        decider = Decider.load(args.model, args.device, args.dtype, **_calibration_kwargs(args))
+        summary = run_batch(
+            decider, args.input, args.out, questions=questions, aliases=_aliases(decider.name), progress=progress
+        )
     print(
         f"typedlm: {summary.answered} rows answered ({summary.errors} as errors), {summary.skipped} already in "
         f"{args.out}, {summary.rows} in all",

@@ -109,6 +109,50 @@ def request_body(row: Any, questions: Mapping[str, Any] | None) -> Any:
             "questions": questions}  # fmt: skip
 
 
+def answer_rows(
+    decider, rows: list[tuple[int, Any]], questions: Mapping[str, Any] | None = None, served: Iterable[str] = ()
+) -> list[dict[str, Any]]:
+    """The records of rows (row number, row) in order: every valid row prepared, then answered by as few forwards
+    as the decider batches (`max_batch` rows and MAX_BATCH_TOKENS tokens each); `served`: the model names a row may
+    give (default: the decider's own)."""
+    served = tuple(served) or (decider.name,)
+    items: list[Any] = []
+    for _, row in rows:
+        try:
+            if isinstance(row, BaseException):
+                raise row
+            request = parse_request(request_body(row, questions))
+            if request.model is not None and request.model not in served:
+                raise APIError(404, "model_not_found", f"unknown model {request.model!r}; this server serves: "
+                               f"{', '.join(served)}")  # fmt: skip
+            items.append(decider.prepare_request(request.state, request.questions, request.calibration,
+                                                 request.order_reads))  # fmt: skip
+        except (InvalidRequest, APIError) as exc:
+            items.append(exc)
+    prepared = [item for item in items if not isinstance(item, BaseException)]
+    responses: list[Any] = []
+    start = 0
+    while start < len(prepared):  # groups within the batch limits, each one forward
+        end, tokens = start, 0
+        while end < len(prepared) and end - start < decider.max_batch:
+            if end > start and tokens + prepared[end].tokens > MAX_BATCH_TOKENS:
+                break
+            tokens += prepared[end].tokens
+            end += 1
+        responses += decider.decide_prepared(prepared[start:end])
+        start = end
+    answers = iter(responses)
+    records = []
+    for (number, row), item in zip(rows, items, strict=True):
+        identifier = row_id(number, row)
+        if isinstance(item, BaseException):
+            status, body = error_status(item)
+            records.append({"id": identifier, "error": {"status": status, "detail": body["detail"]}})
+        else:
+            records.append({"id": identifier, "response": next(answers).to_wire()})
+    return records
+
+
 def run_batch(
     decider,
     source: str | Path,
@@ -127,45 +171,21 @@ def run_batch(
         rows = progress(rows, total, done)
     answered = errors = 0
     with Path(out).open("a", encoding="utf-8") as sink:
-        pending: list[tuple[Any, Any]] = []  # (id, prepared request or error) in input order
-        tokens = 0
-
-        def flush() -> None:
-            nonlocal answered, errors, tokens
-            prepared = [item for _, item in pending if not isinstance(item, BaseException)]
-            responses = iter(decider.decide_prepared(prepared) if prepared else ())
-            for identifier, item in pending:
-                if isinstance(item, BaseException):
-                    status, body = error_status(item)
-                    record = {"id": identifier, "error": {"status": status, "detail": body["detail"]}}
-                    errors += 1
-                else:
-                    record = {"id": identifier, "response": next(responses).to_wire()}
+        for chunk in _chunks(rows, decider.max_batch):
+            for record in answer_rows(decider, chunk, questions, served):
                 sink.write(json.dumps(record, ensure_ascii=False) + "\n")
                 answered += 1
+                errors += "error" in record
             sink.flush()
-            pending.clear()
-            tokens = 0
-
-        for number, row in rows:
-            identifier = row_id(number, row)
-            try:
-                if isinstance(row, BaseException):
-                    raise row
-                request = parse_request(request_body(row, questions))
-                if request.model is not None and request.model not in served:
-                    raise APIError(404, "model_not_found", f"unknown model {request.model!r}; this server serves: "
-                                   f"{', '.join(served)}")  # fmt: skip
-                item = decider.prepare_request(request.state, request.questions, request.calibration,
-                                               request.order_reads)  # fmt: skip
-            except (InvalidRequest, APIError) as exc:
-                item = exc
-            if not isinstance(item, BaseException):
-                if len(pending) >= decider.max_batch or (pending and tokens + item.tokens > MAX_BATCH_TOKENS):
-                    flush()
-                tokens += item.tokens
-            pending.append((identifier, item))
-            if len(pending) >= decider.max_batch:
-                flush()
-        flush()
     return BatchSummary(total, done, answered, errors)
+
+
+def _chunks(rows: Iterable, size: int) -> Iterator[list]:
+    chunk = []
+    for row in rows:
+        chunk.append(row)
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
