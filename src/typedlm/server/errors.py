@@ -18,11 +18,13 @@ from typedlm.server.status import APIError, error_body, error_status
 def to_response(exc: Exception) -> JSONResponse:
     """The one mapping from exceptions to HTTP responses (`status.error_status`)."""
     status, body = error_status(exc)
+    if isinstance(exc, APIError):  # its own headers (503: Retry-After); the connection stays usable
+        return JSONResponse(body, status, headers=exc.headers)
     if status >= 500:
         # after a 5xx the server closes the connection (the exception propagates to it): say so, so that a client
         # does not send its next request on a connection that is about to be reset
         return JSONResponse(body, status, headers=CLOSE)
-    return JSONResponse(body, status, headers=exc.headers if isinstance(exc, APIError) else None)
+    return JSONResponse(body, status)
 
 
 CLOSE = {"Connection": "close"}
