@@ -221,8 +221,8 @@ def random_qwen3_06b(tokenizer_dir: Path, device: str, dtype: str) -> LoadedMode
     return LoadedModel(model, AutoTokenizer.from_pretrained(tokenizer_dir), "random-qwen3-0.6b-shape")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """The model options every benchmark takes: a model, or random weights in Qwen3-0.6B's shape; device, dtype."""
     parser.add_argument("--model", default=None, help="default: the embedded model")
     parser.add_argument(
         "--random-qwen3-0.6b", dest="random_qwen3_06b", action="store_true", help="random weights, Qwen3-0.6B shape"
@@ -230,6 +230,22 @@ def main() -> None:
     parser.add_argument("--tokenizer", default=None, help="tokenizer dir for --random-qwen3-0.6b")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default=None)
+
+
+def load_benchmark_model(args: argparse.Namespace) -> tuple[LoadedModel, str]:
+    """The model `add_model_arguments`' options name, and its dtype (bfloat16 on CUDA, else float32 by default)."""
+    dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
+    if args.random_qwen3_06b:
+        from typedlm.runtime.models import converted_gguf, embedded_gguf_path
+
+        tokenizer_dir = Path(args.tokenizer) if args.tokenizer else converted_gguf(embedded_gguf_path())
+        return random_qwen3_06b(tokenizer_dir, args.device, dtype), dtype
+    return load_model(args.model, args.device, dtype), dtype
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_arguments(parser)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--prefix-tokens", type=int, default=1266)
@@ -240,14 +256,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
-    if args.random_qwen3_06b:
-        from typedlm.runtime.models import converted_gguf, embedded_gguf_path
-
-        tokenizer_dir = Path(args.tokenizer) if args.tokenizer else converted_gguf(embedded_gguf_path())
-        loaded = random_qwen3_06b(tokenizer_dir, args.device, dtype)
-    else:
-        loaded = load_model(args.model, args.device, dtype)
+    loaded, dtype = load_benchmark_model(args)
     decider = Decider(loaded, prefix_cache_bytes=0, calibration="raw")
     cached = Decider(loaded, prefix_cache_bytes=4 << 30, calibration="raw")
     strategies: dict[str, Callable] = {

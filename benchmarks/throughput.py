@@ -32,12 +32,11 @@ import torch
 
 from typedlm.core.questions import parse_request
 from typedlm.decide.decider import Decider
-from typedlm.runtime.models import load_model
 from typedlm.server.settings import ServerSettings
 from typedlm.server.worker import ModelWorker
 
 sys.path.insert(0, str(Path(__file__).parent))
-from latency import make_questions, make_state, random_qwen3_06b
+from latency import add_model_arguments, load_benchmark_model, make_questions, make_state
 
 RESULTS = Path(__file__).parent / "results"
 WORKLOADS = {"long": (1266, (1, 4, 32)), "short": (200, (4,))}  # name → (prefix tokens, question counts)
@@ -196,11 +195,7 @@ def _series(report: dict) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default=None, help="default: the embedded model")
-    parser.add_argument("--random-qwen3-0.6b", dest="random_qwen3_06b", action="store_true")
-    parser.add_argument("--tokenizer", default=None, help="tokenizer dir for --random-qwen3-0.6b")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", default=None)
+    add_model_arguments(parser)
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32, 128])
     parser.add_argument("--requests", type=int, default=256, help="requests per cell (at least 2 per client)")
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
@@ -210,14 +205,7 @@ def main() -> None:
     parser.add_argument("--peak-tflops", type=float, default=None, help="matrix rate (default: 790 on CUDA)")
     parser.add_argument("--out", default=None, help="JSON path (default: results/throughput-<device>-<date>.json)")
     args = parser.parse_args()
-    dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
-    if args.random_qwen3_06b:
-        from typedlm.runtime.models import converted_gguf, embedded_gguf_path
-
-        tokenizer_dir = Path(args.tokenizer) if args.tokenizer else converted_gguf(embedded_gguf_path())
-        loaded = random_qwen3_06b(tokenizer_dir, args.device, dtype)
-    else:
-        loaded = load_model(args.model, args.device, dtype)
+    loaded, dtype = load_benchmark_model(args)
     decider = Decider(loaded, prefix_cache_bytes=0, calibration="raw")
     params = non_embedding_params(loaded.model)
     peak = args.peak_tflops or (790.0 if args.device.startswith("cuda") else None)
