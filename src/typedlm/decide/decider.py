@@ -75,7 +75,7 @@ class Prepared:
     @property
     def tokens(self) -> int:
         """The tokens this request puts through the model when nothing of it is cached."""
-        return len(self.prompt.prefix_ids) + sum(len(i.suffix_ids) + len(i.labels.inner_nodes) for i in self.items)
+        return len(self.prompt.prefix_ids) + sum(item.rows for item in self.items)
 
 
 @dataclass(frozen=True)
@@ -243,7 +243,7 @@ class Decider:
                         "shorten the state or the question",
                         ("questions", qid),
                     )
-        total = prefix_len + sum(len(item.suffix_ids) + len(item.labels.inner_nodes) for item in items)
+        total = prefix_len + sum(item.rows for item in items)
         if self.max_input_tokens and total > self.max_input_tokens:
             raise LimitExceeded(
                 f"the request takes {total} tokens; this server reads at most {self.max_input_tokens} per request: "

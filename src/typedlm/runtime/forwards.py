@@ -174,7 +174,7 @@ class StaticForward:
         """Every document and its questions in ONE static forward (`graphs.StaticRunner.run_documents`)."""
         prefix_lens = [(base.length if base else 0) + len(ids) for ids, _, base in documents]
         batch = pack_documents(prefix_lens, [items for _, items, _ in documents])
-        rows = [sum(len(item.suffix_ids) + len(item.labels.inner_nodes) for item in items) for _, items, _ in documents]
+        rows = [sum(item.rows for item in items) for _, items, _ in documents]
         work = [Document(ids, base.length if base else 0, n, base) for (ids, _, base), n in zip(documents, rows)]
         steps, built = self.runner.run_documents(work, batch, keep=keep_prefix)
         masses = group_masses(batch, steps)

@@ -40,6 +40,11 @@ class PackedItem:
     suffix_ids: Sequence[int]
     labels: LabelSet
 
+    @property
+    def rows(self) -> int:
+        """The packed rows it takes: its suffix tokens and its label tree's inner nodes."""
+        return len(self.suffix_ids) + len(self.labels.inner_nodes)
+
 
 @dataclass(frozen=True)
 class PackedBatch:
@@ -251,6 +256,6 @@ def pack_documents(prefix_lens: Sequence[int], items: Sequence[Sequence[PackedIt
     batch = pack(0, flat)
     if len(prefix_lens) == 1:
         return replace(batch, prefix_len=prefix_lens[0], position_ids=batch.position_ids + prefix_lens[0])
-    rows = [sum(len(item.suffix_ids) + len(item.labels.inner_nodes) for item in doc) for doc in items]
+    rows = [sum(item.rows for item in doc) for doc in items]
     offsets = np.repeat(np.asarray(prefix_lens, dtype=np.int64), rows)  # [N] each row's document's prefix length
     return replace(batch, position_ids=batch.position_ids + offsets)
