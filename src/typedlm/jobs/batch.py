@@ -25,9 +25,8 @@ from typing import Any
 
 from typedlm.core.errors import InvalidRequest
 from typedlm.core.questions import parse_request
-from typedlm.server.status import APIError, error_status
-
-MAX_BATCH_TOKENS = 65536  # tokens of the rows one forward answers, at most (as the server's worker)
+from typedlm.server.status import APIError, error_status, model_not_found
+from typedlm.server.worker import MAX_BATCH_TOKENS  # tokens of the rows one forward answers, at most
 
 
 @dataclass(frozen=True)
@@ -123,8 +122,7 @@ def answer_rows(
                 raise row
             request = parse_request(request_body(row, questions))
             if request.model is not None and request.model not in served:
-                raise APIError(404, "model_not_found", f"unknown model {request.model!r}; this server serves: "
-                               f"{', '.join(served)}")  # fmt: skip
+                raise model_not_found(request.model, served)
             items.append(decider.prepare_request(request.state, request.questions, request.calibration,
                                                  request.order_reads))  # fmt: skip
         except (InvalidRequest, APIError) as exc:

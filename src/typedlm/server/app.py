@@ -32,6 +32,7 @@ from typedlm.server.body import NotJSON, parse_json, read_body
 from typedlm.server.errors import APIError, install_handlers
 from typedlm.server.metrics import RequestLog, RequestRecord, ServerMetrics, route_of
 from typedlm.server.settings import ServerSettings
+from typedlm.server.status import model_not_found
 from typedlm.server.worker import ModelWorker
 
 VERSION = "0.1.0"
@@ -140,8 +141,7 @@ def create_app(decider: DeciderLike, settings: ServerSettings | None = None) -> 
 
     def check_model(model: str | None) -> None:
         if model is not None and model != decider.name and model not in settings.aliases:
-            names = ", ".join([decider.name, *settings.aliases])
-            raise APIError(404, "model_not_found", f"unknown model {model!r}; this server serves: {names}")
+            raise model_not_found(model, [decider.name, *settings.aliases])
 
     async def answer(
         state: Text, questions: Mapping[str, Question], calibration: str | None = None, order_reads: int | None = None

@@ -4,6 +4,7 @@ responses (`errors`) and the batch job's error records (`typedlm.jobs.batch`) bo
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from typedlm.core.errors import InvalidRequest, LimitExceeded, TypedLMError
@@ -18,6 +19,11 @@ class APIError(Exception):
         self.error_type = error_type
         self.message = message
         self.headers = headers
+
+
+def model_not_found(model: str, served: Sequence[str]) -> APIError:
+    """The 404 of a request whose `model` is none of the names served."""
+    return APIError(404, "model_not_found", f"unknown model {model!r}; this server serves: {', '.join(served)}")
 
 
 def error_body(error_type: str, message: str) -> dict[str, Any]:
