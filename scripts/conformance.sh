@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Run the independent conformance suite `jevcompat` against `typedlm serve` on the embedded model, twice:
-# with auth off, and with an API key (the auth requirements are only exercised then). Passes when every
-# MUST and every SHOULD passes in at least one run and fails in none.
+# Run the independent conformance suite `jevcompat` against `typedlm serve` on the embedded model, three times:
+# with auth off, with an API key (the auth requirements are only exercised then), and as two replicas on Ray Serve
+# with the key (skipped, and said so, where Ray Serve is not installed). Passes when every MUST and every SHOULD
+# passes in at least one run and fails in none.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
@@ -31,4 +32,11 @@ run() {  # run NAME [serve options] -- [jevcompat options]
 
 run open --
 run keyed --api-key conformance-key -- --key conformance-key
-"$VENV/bin/python" scripts/check_conformance.py "$out/open.json" "$out/keyed.json"
+reports=("$out/open.json" "$out/keyed.json")
+if "$VENV/bin/python" -c "import ray.serve" 2>/dev/null; then
+  run replicas --replicas 2 --api-key conformance-key -- --key conformance-key
+  reports+=("$out/replicas.json")
+else
+  echo "Ray Serve is not installed: the replicas run is skipped (pip install 'typedlm[ray]')"
+fi
+"$VENV/bin/python" scripts/check_conformance.py "${reports[@]}"

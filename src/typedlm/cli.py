@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import re
+import signal
 import sys
 import time
 from pathlib import Path
@@ -30,7 +31,7 @@ from typedlm.core.questions import CALIBRATION_METHODS
 from typedlm.decide.calibration import DEFAULT_CALIBRATION
 from typedlm.offline.evaldata import DATASETS
 from typedlm.offline.evaluate import SPLITS
-from typedlm.runtime.catalog import NAMED_MODELS, named_model
+from typedlm.runtime.catalog import NAMED_MODELS, named_model, short_names
 from typedlm.runtime.models import EMBEDDED_MODEL, RECOMMENDED_MODEL
 from typedlm.server.settings import API_KEYS_ENV, HEAD_TIMEOUT_S
 
@@ -136,6 +137,19 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_false",
         help="on CUDA, keep the model's own norms, MLPs and rotary and torch's attention kernels",
     )
+    serve.add_argument(
+        "--replicas",
+        type=int,
+        default=None,
+        help="serve with N model replicas on Ray Serve, routed by document (needs typedlm[ray]; docs/distributed.md)",
+    )
+    serve.add_argument("--ray-address", default=None, help="with --replicas: an existing Ray cluster (default: local)")
+    serve.add_argument(
+        "--cpus-per-replica",
+        type=float,
+        default=None,
+        help="with --replicas on CPUs: Ray CPUs (and torch threads) per replica (default: the cores over N)",
+    )
     evaluate = commands.add_parser("eval", help="score labeled examples: accuracy, ECE, Brier, NLL, coverage")
     evaluate.add_argument("data", help=f"a dataset ({', '.join(DATASETS)}) or a JSONL file of examples")
     _add_eval_options(evaluate, "held_out")
@@ -216,8 +230,7 @@ def _aliases(name: str) -> tuple[str, ...]:
     default aliases and, for a named model, its short names (qwen2.5-coder-0.5b)."""
     from typedlm.server.settings import DEFAULT_ALIASES
 
-    named = named_model(name)
-    return (*DEFAULT_ALIASES, *(named.aliases if named else ()))
+    return (*DEFAULT_ALIASES, *short_names(name))
 
 
 class CannotListen(TypedLMError):
@@ -258,6 +271,8 @@ def serve(args: argparse.Namespace) -> int:
     if not args.head_timeout > 0:
         raise InvalidRequest("--head-timeout must be positive")
     _check_listen(args.host, args.port)
+    if args.replicas is not None:
+        return serve_replicas(args)
     settings = ServerSettings(
         api_keys=tuple(args.api_key) + keys_from_env(),
         max_queue=args.max_queue,
@@ -302,6 +317,68 @@ def serve(args: argparse.Namespace) -> int:
         http=with_head_timeout(args.head_timeout),
     )
     return 0
+
+
+def serve_replicas(args: argparse.Namespace) -> int:
+    """`serve --replicas N`: the Ray Serve application (`typedlm.replicas.app`) on a local Ray or `--ray-address`,
+    its HTTP proxy on --host/--port, until interrupted."""
+    from typedlm.server.settings import keys_from_env
+
+    if args.replicas < 1:
+        raise InvalidRequest("--replicas must be at least 1")
+    try:
+        import ray
+        from ray import serve as ray_serve
+
+        from typedlm.replicas.app import APP_NAME, ReplicaArgs, build_app
+    except ImportError as exc:
+        raise InvalidRequest(f"--replicas needs Ray Serve: pip install 'typedlm[ray]' ({exc})") from exc
+    cpus = args.cpus_per_replica or max(1, (os.cpu_count() or 1) // args.replicas)
+    options = ReplicaArgs(
+        model=args.model,
+        device=args.device,
+        dtype=args.dtype,
+        replicas=args.replicas,
+        cpus_per_replica=cpus,
+        api_keys=[*args.api_key, *keys_from_env()],
+        max_queue=args.max_queue,
+        max_batch=args.max_batch,
+        timeout=args.timeout,
+        max_body_bytes=args.max_body_bytes,
+        log_format=args.log_format,
+        max_input_tokens=args.max_input_tokens,
+        prefix_cache_mb=args.prefix_cache_mb,
+        cuda_graphs=args.cuda_graphs,
+        fused_kernels=args.fused_kernels,
+        calibration=args.calibration or ("fitted" if args.calibration_file else None),
+        calibration_file=str(Path(args.calibration_file).resolve()) if args.calibration_file else None,
+        order_reads=args.order_reads,
+    )
+    started = time.perf_counter()
+    ray.init(address=args.ray_address, include_dashboard=False, log_to_driver=False)
+    signal.signal(signal.SIGTERM, _interrupt)  # a plain kill shuts Ray down as Ctrl-C does (after Ray's own handler)
+    try:
+        ray_serve.start(http_options={"host": args.host, "port": args.port}, logging_config={"log_level": "WARNING"})
+        ray_serve.run(build_app(options), name=APP_NAME, route_prefix="/", blocking=False)
+        auth = f"{len(options.api_keys)} API key(s)" if options.api_keys else "auth off"
+        print(
+            f"typedlm: serving {args.replicas} replicas of {args.model or EMBEDDED_MODEL} on "
+            f"http://{args.host}:{args.port} (Ray Serve, routed by document, {auth}; ready in "
+            f"{time.perf_counter() - started:.1f} s)",
+            file=sys.stderr,
+            flush=True,
+        )
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        ray_serve.shutdown()
+        ray.shutdown()
+
+
+def _interrupt(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _calibration_kwargs(args: argparse.Namespace) -> dict:

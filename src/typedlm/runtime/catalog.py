@@ -171,3 +171,9 @@ EMBEDDED = NAMED_MODELS[0]
 def named_model(name: str) -> NamedModel | None:
     """The named model called `name` (its name or an alias), or None."""
     return next((m for m in NAMED_MODELS if name == m.name or name in m.aliases), None)
+
+
+def short_names(name: str) -> tuple[str, ...]:
+    """The other names of the named model called `name` (its short names), or () for any other model."""
+    named = named_model(name)
+    return named.aliases if named else ()

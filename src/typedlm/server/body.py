@@ -69,8 +69,12 @@ async def read_body(request: Request, limit: int) -> bytes:
             chunks.append(chunk)
     except ClientDisconnect as exc:  # the client went away mid-upload: nobody to answer, nothing to log as a bug
         raise APIError(400, "client_disconnected", "the client closed the connection before sending the body") from exc
-    data = b"".join(chunks)
-    encodings = [e.strip().lower() for e in request.headers.get("content-encoding", "").split(",") if e.strip()]
+    return decode(b"".join(chunks), request.headers.get("content-encoding", ""), limit)
+
+
+def decode(data: bytes, content_encoding: str, limit: int) -> bytes:
+    """`data` decompressed per a Content-Encoding header's value, never more than `limit` bytes at any stage."""
+    encodings = [e.strip().lower() for e in content_encoding.split(",") if e.strip()]
     for encoding in reversed(encodings):  # applied in order, so undone in reverse
         if encoding == "identity":
             continue

@@ -1,0 +1,238 @@
+"""The Ray Serve application: one ingress, N replicas, the single server's HTTP API.
+
+    typedlm serve --replicas 2 [--ray-address auto]            # the CLI builds it from its options
+    serve run typedlm.replicas.app:app_builder replicas=2       # or Ray Serve's CLI / a config file's import_path
+
+- `Replica` (N of them, one GPU each on CUDA): a decider and the single server's FastAPI app (`create_app`), with
+  its worker, queue, limits, auth, metrics and request log. It answers forwarded HTTP requests through that app, so
+  every status code, error body and header is the single server's.
+- `Ingress` (one, no model): takes every HTTP request from Ray Serve's proxy, reads the document key from the body
+  (`keys.document_key`) and hands the request to a replica through a handle whose router sends it where its document
+  is cached (`routing.DocumentAffinityRouter`). GET /health and GET /metrics ask every replica and answer for all
+  (`fanout`). A request over the body limit is cut at the limit (the replica answers 413, as the single server).
+- Back-pressure: a replica takes at most `max_queue` requests at once (Ray holds the rest); the ingress holds up to
+  `max_queue` more per replica, and beyond that answers 503 with Retry-After, as the single server does when full.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+from ray import serve
+from ray.serve.config import RequestRouterConfig
+from ray.serve.exceptions import BackPressureError
+from ray.serve.handle import DeploymentHandle
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response
+
+from typedlm.replicas.fanout import merge_health, merge_metrics
+from typedlm.replicas.forwarding import Forwarded, Reply, app_path, run_asgi
+from typedlm.replicas.keys import CHAT, document_key
+from typedlm.replicas.routing import DocumentAffinityRouter
+from typedlm.server.chat import openai_error
+from typedlm.server.settings import DEFAULT_ALIASES, ServerSettings
+from typedlm.server.status import error_body
+
+APP_NAME = "typedlm"
+REPLICA = "TypedLMReplica"
+INGRESS = "TypedLMIngress"
+RETRY_AFTER_S = 1
+
+
+class ReplicaArgs(BaseModel):
+    """The application's options: the model each replica loads and the server settings each replica runs with.
+    `serve run typedlm.replicas.app:app_builder KEY=VALUE ...` takes them by name."""
+
+    model: str | None = None  # None: the embedded default; a named model, hub id or path otherwise
+    device: str = "cpu"
+    dtype: str | None = None
+    replicas: int = Field(2, ge=1)
+    cpus_per_replica: float = Field(1.0, gt=0)  # Ray CPUs per replica (on CPUs also torch's threads, at least 1)
+    api_keys: list[str] = []
+    max_queue: int = Field(16, ge=1)
+    max_batch: int = Field(1, ge=1)
+    timeout: float = Field(300.0, gt=0)
+    max_body_bytes: int = Field(8 << 20, ge=1)
+    log_format: Literal["text", "json"] = "text"
+    max_input_tokens: int | None = None
+    prefix_cache_mb: int = Field(1024, ge=0)
+    cuda_graphs: bool = True
+    fused_kernels: bool = True
+    calibration: str | None = None
+    calibration_file: str | None = None
+    order_reads: int | None = None
+    affinity: bool = True  # False: every request to the least loaded replica (the baseline the affinity beats)
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.device.startswith("cuda")
+
+    def settings(self) -> ServerSettings:
+        return ServerSettings(
+            api_keys=tuple(self.api_keys),
+            max_queue=self.max_queue,
+            max_batch=self.max_batch,
+            request_timeout_s=self.timeout,
+            max_body_bytes=self.max_body_bytes,
+            log_format=self.log_format,
+        )
+
+
+class Replica:
+    """One model and the single server's app around it."""
+
+    def __init__(self, args: ReplicaArgs):
+        from typedlm.core.options import EngineOptions
+        from typedlm.decide.decider import Decider
+        from typedlm.runtime.catalog import short_names
+        from typedlm.server.app import create_app
+
+        if not args.on_gpu:
+            import torch
+
+            torch.set_num_threads(max(1, int(args.cpus_per_replica)))
+        engine = EngineOptions(
+            cuda_graphs=None if args.cuda_graphs else False, fused_kernels=None if args.fused_kernels else False
+        )
+        method = args.calibration or ("fitted" if args.calibration_file else None)
+        decider = Decider.load(
+            args.model,
+            args.device,
+            args.dtype,
+            engine=engine,
+            max_input_tokens=args.max_input_tokens,
+            prefix_cache_bytes=args.prefix_cache_mb << 20,
+            calibration=method,
+            calibration_file=args.calibration_file,
+            order_reads=args.order_reads,
+        )
+        settings = dataclasses.replace(args.settings(), aliases=(*DEFAULT_ALIASES, *short_names(decider.name)))
+        self.app = create_app(decider, settings)
+        self.replica_id = serve.get_replica_context().replica_id.unique_id
+
+    async def __call__(self, request: Forwarded) -> Reply:
+        return await run_asgi(self.app, request, self.replica_id)
+
+    def __del__(self):
+        worker = getattr(getattr(getattr(self, "app", None), "state", None), "worker", None)
+        if worker is not None:
+            worker.close()  # finish the forward in flight
+
+
+def _response(reply: Reply) -> Response:
+    response = Response(reply.body, reply.status)
+    response.raw_headers = [(k, v) for k, v in reply.headers if k.lower() != b"content-length"]
+    response.raw_headers.append((b"content-length", str(len(reply.body)).encode()))
+    return response
+
+
+def _overloaded(path: str) -> Response:
+    message = f"every replica is busy; retry after {RETRY_AFTER_S} s"
+    headers = {"Retry-After": str(RETRY_AFTER_S)}
+    if path == CHAT:
+        return openai_error(503, message, kind="overloaded", headers=headers)
+    return JSONResponse(error_body("overloaded", message), 503, headers=headers)
+
+
+class Ingress:
+    """Every HTTP request in; each to a replica (by its document), or to all of them (/health, /metrics)."""
+
+    def __init__(self, replicas: DeploymentHandle, expected: int, max_body_bytes: int):
+        self.replicas = replicas
+        self.expected = expected  # replicas asked for: fewer answering is "degraded"
+        self.max_body_bytes = max_body_bytes
+        self.app_name = serve.get_replica_context().app_name
+
+    async def _body(self, request: Request) -> bytes:
+        """The body, cut after `max_body_bytes` + 1 bytes: enough for the replica to answer 413."""
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                break
+        return b"".join(chunks)[: self.max_body_bytes + 1]
+
+    async def __call__(self, request: Request) -> Response:
+        path, _raw = app_path(request.scope)
+        if request.method == "GET" and path in ("/health", "/metrics"):
+            return await (self._health() if path == "/health" else self._metrics())
+        try:
+            body = await self._body(request)
+        except ClientDisconnect:
+            return Response(status_code=400)  # nobody left to answer
+        key = document_key(path, request.headers.get("content-encoding", ""), body, self.max_body_bytes)
+        try:
+            reply = await self.replicas.remote(Forwarded.of_scope(request.scope, body, document=key))
+        except BackPressureError:
+            return _overloaded(path)
+        return _response(reply)
+
+    async def _each_replica(self, path: str) -> dict[str, Reply]:
+        """GET `path` of every running replica: {replica id: its reply} (those that answered)."""
+        request = Forwarded("GET", path, path.encode(), b"", ((b"host", b"typedlm-ingress"),), b"")
+        router = DocumentAffinityRouter.of(self.app_name, REPLICA)
+        if router is None or not router.replica_ids():  # the handle starts its router on its first request
+            await self.replicas.remote(request)
+            router = DocumentAffinityRouter.of(self.app_name, REPLICA)
+        ids = router.replica_ids() if router is not None else []
+        replies = {}
+        for replica in ids:  # one at a time: requests made while answering one request share its id, by which
+            try:  # Ray's router matches a chosen replica to its waiting request
+                reply = await self.replicas.remote(request.to(replica))
+            except Exception:  # a replica that went away meanwhile: left out of the answer
+                continue
+            replies[reply.replica] = reply
+        return replies
+
+    async def _health(self) -> Response:
+        replies = await self._each_replica("/health")
+        if not replies:
+            return JSONResponse({"status": "starting", "replicas": []}, 503)
+        health = merge_health({r: json.loads(reply.body) for r, reply in sorted(replies.items())}, self.expected)
+        return JSONResponse(health)
+
+    async def _metrics(self) -> Response:
+        from prometheus_client import CONTENT_TYPE_LATEST
+
+        replies = await self._each_replica("/metrics")
+        texts = {r: reply.body.decode() for r, reply in sorted(replies.items())}
+        return Response(merge_metrics(texts), media_type=CONTENT_TYPE_LATEST)
+
+
+def build_app(args: ReplicaArgs) -> serve.Application:
+    """The application: `args.replicas` replicas behind one ingress, routed by document (see the module)."""
+    gpu = 1 if args.on_gpu else 0
+    replica = serve.deployment(
+        Replica,
+        name=REPLICA,
+        num_replicas=args.replicas,
+        max_ongoing_requests=args.max_queue,
+        max_queued_requests=args.max_queue * args.replicas,
+        ray_actor_options={"num_cpus": 0 if gpu else args.cpus_per_replica, "num_gpus": gpu},
+        request_router_config=RequestRouterConfig(
+            request_router_class=DocumentAffinityRouter,
+            request_router_kwargs={"affinity": args.affinity},
+        ),
+    )
+    ingress = serve.deployment(
+        Ingress,
+        name=INGRESS,
+        num_replicas=1,
+        max_ongoing_requests=max(256, 4 * args.max_queue * args.replicas),
+        ray_actor_options={"num_cpus": 0},
+    )
+    return ingress.bind(replica.bind(args), args.replicas, args.max_body_bytes)
+
+
+def app_builder(args: dict[str, Any]) -> serve.Application:
+    """Ray Serve's application builder: `serve run typedlm.replicas.app:app_builder replicas=2 model=NAME`.
+    API keys also come from TYPEDLM_API_KEYS, as for `typedlm serve`."""
+    from typedlm.server.settings import keys_from_env
+
+    options = ReplicaArgs.model_validate(args)
+    options = options.model_copy(update={"api_keys": [*options.api_keys, *keys_from_env()]})
+    return build_app(options)

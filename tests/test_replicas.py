@@ -1,0 +1,256 @@
+"""Replicas on Ray Serve (`typedlm.replicas`, `typedlm serve --replicas N`).
+
+The pieces first, against independent references: a forwarded request run through the app in process answers as
+the same app over real HTTP (uvicorn); document keys; /health and /metrics merged. Then the real thing: `typedlm
+serve --replicas 2` on a local Ray with the embedded model: the affinity workload (20 documents x 5 visits), answers
+equal to the model in process, errors equal to the single server's, metrics of every replica. (jevcompat runs
+against it too: scripts/conformance.sh.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import importlib.util
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from typedlm.replicas.fanout import merge_health, merge_metrics
+from typedlm.replicas.forwarding import Forwarded, app_path, run_asgi
+from typedlm.replicas.keys import document_key
+
+ROOT = Path(__file__).resolve().parents[1]
+LIMIT = 8 << 20
+QUESTIONS = {"ok": {"type": "noul", "instructions": "Is the customer happy?"}}
+
+
+def _scope(method: str, path: str, headers: dict[str, str], root_path: str = "") -> dict:
+    return {
+        "method": method,
+        "path": root_path + path,
+        "raw_path": (root_path + path).encode(),
+        "root_path": root_path,
+        "query_string": b"",
+        "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()],
+        "client": ("127.0.0.1", 5000),
+    }
+
+
+JSON = {"content-type": "application/json"}
+
+
+def _chat(document: str, **options) -> dict:
+    system = {"role": "system", "content": json.dumps(QUESTIONS)}
+    return {"messages": [system, {"role": "user", "content": document}], **options}
+
+
+def _json(value) -> bytes:
+    return json.dumps(value).encode()
+
+
+# (method, path, headers, body): what a client may send, good and bad
+REQUESTS = [
+    ("GET", "/v1/models", {}, b""),
+    ("POST", "/v1/systemone", JSON, _json({"state": "hi", "questions": QUESTIONS})),
+    ("POST", "/v1/systemone", JSON, b"{not json"),
+    ("POST", "/v1/systemone", {"content-encoding": "gzip"}, b"\x1f\x8b not really gzip"),
+    ("POST", "/v1/systemone", {"content-encoding": "br"}, b"{}"),
+    ("POST", "/v1/systemone", {"content-encoding": "gzip"}, gzip.compress(_json({"state": "x", "questions": {}}))),
+    ("POST", "/v1/chat/completions", {}, _json(_chat("The sky is blue.", stream=True))),
+    ("GET", "/nowhere", {}, b""),
+    ("DELETE", "/v1/models", {}, b""),
+]
+
+
+def _comparable(body: bytes) -> bytes:
+    """A body without what differs per response anyway (a chat completion's id and time)."""
+    return re.sub(rb'"(id|created)": ?("[^"]*"|\d+)', b"", body)
+
+
+@pytest.mark.parametrize("method,path,headers,body", REQUESTS)
+def test_a_forwarded_request_is_answered_as_over_http(fake_decider, fake_server_url, method, path, headers, body):
+    """`run_asgi` through the app in process gives the status, body and content type that the same app gives over
+    real HTTP (uvicorn), errors included."""
+    from typedlm.server import ServerSettings, create_app
+
+    app = create_app(fake_decider, ServerSettings())
+    reply = asyncio.run(run_asgi(app, Forwarded.of_scope(_scope(method, path, headers), body), replica="r1"))
+    want = httpx.request(method, fake_server_url + path, headers=headers, content=body)
+    assert reply.status == want.status_code
+    assert _comparable(reply.body) == _comparable(want.content)
+    assert reply.header(b"content-type").decode() == want.headers.get("content-type")
+    assert reply.replica == "r1"
+
+
+def test_the_path_below_a_route_prefix_is_the_apps_path():
+    assert app_path(_scope("GET", "/v1/models", {}, root_path="/typedlm")) == ("/v1/models", b"/v1/models")
+    assert app_path(_scope("GET", "", {}, root_path="/typedlm")) == ("/", b"/")
+    assert app_path(_scope("GET", "/health", {})) == ("/health", b"/health")
+
+
+def test_requests_on_one_document_share_a_key_and_others_do_not():
+    def key(state, questions=QUESTIONS, path="/v1/systemone", encoding=""):
+        body = json.dumps({"state": state, "questions": questions}).encode()
+        return document_key(path, encoding, gzip.compress(body) if encoding else body, LIMIT)
+
+    ticket = {"id": 7, "text": "The printer is on fire."}
+    assert key(ticket) == key(ticket, {"other": {"type": "noul", "instructions": "Is it urgent?"}})
+    assert key(ticket) == key(ticket, encoding="gzip")
+    assert key(ticket) != key({"id": 8, "text": "The printer is on fire."})
+    assert key("a") != key("b")
+    chat = _json(_chat("The printer is on fire."))
+    assert document_key("/v1/chat/completions", "", chat, LIMIT) == key("The printer is on fire.")
+    # no document to read: any replica (which then answers, or refuses, as the single server does)
+    assert key(None) is None
+    assert document_key("/v1/systemone", "", b"{nope", LIMIT) is None
+    assert document_key("/v1/systemone", "gzip", b"not gzip", LIMIT) is None
+    assert document_key("/v1/chat/completions", "", b"[]", LIMIT) is None
+    assert document_key("/v1/models", "", b"", LIMIT) is None
+
+
+def test_health_sums_the_replicas_counters_and_keeps_each():
+    one = {"status": "ok", "model": "m", "pending": 1, "max_queue": 16, "prefix_cache": {"hits": 3, "misses": 1}}
+    two = {"status": "ok", "model": "m", "pending": 0, "max_queue": 16, "prefix_cache": {"hits": 4, "misses": 2}}
+    health = merge_health({"a": one, "b": two}, expected=2)
+    assert health["status"] == "ok" and health["model"] == "m"
+    assert health["pending"] == 1 and health["max_queue"] == 32
+    assert health["prefix_cache"] == {"hits": 7, "misses": 3}
+    assert [r["replica"] for r in health["replicas"]] == ["a", "b"]
+    assert health["replicas"][1]["prefix_cache"] == {"hits": 4, "misses": 2}
+    assert merge_health({"a": one}, expected=2)["status"] == "degraded"
+    assert merge_health({"a": one, "b": {**two, "status": "failing"}}, expected=2)["status"] == "degraded"
+
+
+def test_metrics_of_every_replica_in_one_exposition():
+    from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
+    texts = {}
+    for replica, count in (("a", 2), ("b", 5)):
+        registry = CollectorRegistry()
+        counter = Counter("typedlm_requests", "Requests", ["route"], registry=registry)
+        counter.labels("/v1/systemone").inc(count)
+        Histogram("typedlm_seconds", "Seconds", registry=registry, buckets=(1.0,)).observe(0.5)
+        texts[replica] = generate_latest(registry).decode()
+    merged = {f.name: f for f in text_string_to_metric_families(merge_metrics(texts).decode())}
+    requests = {s.labels["replica"]: s.value for s in merged["typedlm_requests"].samples}
+    assert requests == {"a": 2.0, "b": 5.0}
+    assert merged["typedlm_seconds"].type == "histogram"
+    counts = [s for s in merged["typedlm_seconds"].samples if s.name == "typedlm_seconds_count"]
+    assert sorted(s.labels["replica"] for s in counts) == ["a", "b"]
+
+
+# --- the real thing: `typedlm serve --replicas 2` on a local Ray, the embedded model ---
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def replicas_url(tmp_path_factory):
+    pytest.importorskip("ray.serve")
+    port = _free_port()
+    log = tmp_path_factory.mktemp("replicas") / "serve.log"
+    command = [sys.executable, "-m", "typedlm.cli", "serve", "--replicas", "2", "--port", str(port)]
+    with log.open("w") as sink:
+        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            assert process.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, "the replicas did not start:\n" + log.read_text()
+            try:
+                if httpx.get(f"{url}/health", timeout=30).json().get("status") == "ok":
+                    break
+            except (httpx.HTTPError, ValueError):
+                pass
+            time.sleep(1)
+        yield url
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def _benchmark():
+    spec = importlib.util.spec_from_file_location("affinity", ROOT / "benchmarks" / "affinity.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_repeated_documents_go_to_the_replica_that_has_them(replicas_url):
+    """20 documents, each asked 5 times in shuffled order: every visit after a document's first hits its replica's
+    prefix cache (at least 78 of the 80 possible; random routing gets about 61: benchmarks/affinity.py)."""
+    result = _benchmark().measure(replicas_url, documents=20, visits=5, seed=1)
+    assert result["replicas"] == 2
+    assert result["hits"] >= 78, result
+    assert result["hits"] + result["partial_hits"] + result["misses"] == 100
+    health = httpx.get(f"{replicas_url}/health", timeout=30).json()
+    assert all(r["prefix_cache"]["hits"] > 0 for r in health["replicas"])  # both replicas took documents
+
+
+def test_replicas_answer_as_the_model_in_process(replicas_url, real_decider):
+    questions = {
+        "happy": {"type": "noul", "instructions": "Is the customer happy?"},
+        "urgency": {"type": "score", "criteria": ["can wait", "this week", "today"]},
+    }
+    for state in ("The parcel came broken and nobody answers.", {"ticket": 4, "text": "Thanks, all good now!"}):
+        body = {"state": state, "questions": questions, "x_calibration": "raw", "x_order_reads": 1}
+        response = httpx.post(f"{replicas_url}/v1/systemone", json=body, timeout=120)
+        assert response.status_code == 200, response.text
+        got, want = response.json()["answers"], real_decider.respond(body)["answers"]
+        assert _numbers(got) == pytest.approx(_numbers(want), abs=1e-6)
+        assert set(_numbers(got)) >= {"happy.noul", "happy.x_raw_mass", "urgency.probabilities.2"}
+
+
+def _numbers(value, path: str = "") -> dict[str, float]:
+    """Every number in an answer body, by its dotted path."""
+    if isinstance(value, dict):
+        return {k: v for key, item in value.items() for k, v in _numbers(item, f"{path}{key}.").items()}
+    return {path.rstrip("."): value} if isinstance(value, (int, float)) and not isinstance(value, bool) else {}
+
+
+BAD = [
+    ("POST", "/v1/systemone", {"content-type": "application/json"}, b"{not json"),
+    ("POST", "/v1/systemone", {}, json.dumps({"state": "x", "questions": {"q": {"type": "maybe"}}}).encode()),
+    ("POST", "/v1/systemone", {"content-encoding": "br"}, b"{}"),
+    ("POST", "/v1/systemone", {}, b" " * (LIMIT + 1)),
+    ("POST", "/v1/chat/completions", {}, json.dumps({"messages": "hello"}).encode()),
+    ("GET", "/nowhere", {}, b""),
+]  # fmt: skip
+
+
+def test_bad_requests_get_the_single_servers_answers(replicas_url, server_url):
+    with httpx.Client(timeout=60) as client:
+        for method, path, headers, body in BAD:
+            want = client.request(method, server_url + path, headers=headers, content=body)
+            got = client.request(method, replicas_url + path, headers=headers, content=body)
+            assert (got.status_code, got.json()) == (want.status_code, want.json()), (method, path)
+            assert 400 <= got.status_code < 500
+
+
+def test_metrics_carry_every_replicas_series(replicas_url):
+    health = httpx.get(f"{replicas_url}/health", timeout=30).json()
+    text = httpx.get(f"{replicas_url}/metrics", timeout=30).text
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    labeled = {s.labels.get("replica") for s in families["typedlm_requests"].samples}
+    assert labeled >= {r["replica"] for r in health["replicas"]}
+    assert len(health["replicas"]) == 2
