@@ -209,10 +209,9 @@ def test_repeated_documents_go_to_the_replica_that_has_them(replicas_url):
 
 
 def test_replicas_answer_as_the_model_in_process(replicas_url, real_decider):
-    """Within 1e-6 of the model in this process, run as a replica runs it, on one thread (with two, torch's sums
-    add in another order: ~3e-6 apart)."""
-    import torch
-
+    """The model in this process gives the same answers, within 1e-5: a replica's document is prefilled over what
+    its prefix cache held, this process's over what its own held, and float32 sums taken in other pieces (and on
+    another number of threads) differ by a few 1e-6 on this model."""
     questions = {
         "happy": {"type": "noul", "instructions": "Is the customer happy?"},
         "urgency": {"type": "score", "criteria": ["can wait", "this week", "today"]},
@@ -221,14 +220,8 @@ def test_replicas_answer_as_the_model_in_process(replicas_url, real_decider):
         body = {"state": state, "questions": questions, "x_calibration": "raw", "x_order_reads": 1}
         response = httpx.post(f"{replicas_url}/v1/systemone", json=body, timeout=120)
         assert response.status_code == 200, response.text
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            want = real_decider.respond(body)["answers"]
-        finally:
-            torch.set_num_threads(threads)
-        got = response.json()["answers"]
-        assert _numbers(got) == pytest.approx(_numbers(want), abs=1e-6)
+        got, want = response.json()["answers"], real_decider.respond(body)["answers"]
+        assert _numbers(got) == pytest.approx(_numbers(want), abs=1e-5)
         assert set(_numbers(got)) >= {"happy.noul", "happy.x_raw_mass", "urgency.probabilities.2"}
 
 
