@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import statistics
 import sys
@@ -33,7 +34,7 @@ import torch
 from typedlm.core.questions import parse_request
 from typedlm.decide.decider import Decider
 from typedlm.server.settings import ServerSettings
-from typedlm.server.worker import ModelWorker
+from typedlm.server.worker import HOST_THREADS, ModelWorker
 
 sys.path.insert(0, str(Path(__file__).parent))
 from latency import add_model_arguments, load_benchmark_model, make_questions, make_state
@@ -87,7 +88,15 @@ async def _clients(clients: int, per_client: int, ask) -> tuple[list[float], flo
     return latencies, time.perf_counter() - started
 
 
-def in_process(decider: Decider, documents: Documents, questions: dict, clients: int, per_client: int, batching: bool):
+def in_process(
+    decider: Decider,
+    documents: Documents,
+    questions: dict,
+    clients: int,
+    per_client: int,
+    batching: bool,
+    host_threads: int = HOST_THREADS,
+):
     batches: list[int] = []
     tokens = [0]
 
@@ -96,7 +105,8 @@ def in_process(decider: Decider, documents: Documents, questions: dict, clients:
         tokens[0] += batch_tokens
 
     async def run() -> tuple[list[float], float]:
-        worker = ModelWorker(max_pending=10_000, max_batch=decider.max_batch if batching else 1, on_batch=on_batch)
+        batch = decider.max_batch if batching else 1
+        worker = ModelWorker(max_pending=10_000, max_batch=batch, on_batch=on_batch, host_threads=host_threads)
 
         async def ask():
             state = documents.next()
@@ -172,10 +182,10 @@ def plot(report: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    for (workload, q, path_name, batching), rows in _series(report).items():
+    for (workload, q, path_name, batching, threads), rows in _series(report).items():
         xs = [row["clients"] for row in rows]
         ax.plot(xs, [row["docs_per_s"] for row in rows], marker="o", linestyle="-" if batching else ":",
-                label=f"{workload} Q={q} {path_name} batching {'on' if batching else 'off'}")  # fmt: skip
+                label=f"{workload} Q={q} {path_name} {'on' if batching else 'off'} host {threads}")  # fmt: skip
     ax.set_xscale("log", base=2)
     ax.set_xlabel("concurrent clients")
     ax.set_ylabel("documents / s")
@@ -188,7 +198,7 @@ def plot(report: dict, path: Path) -> None:
 def _series(report: dict) -> dict:
     series: dict = {}
     for row in report["rows"]:
-        key = (row["workload"], row["questions"], row["path"], row["batching"])
+        key = (row["workload"], row["questions"], row["path"], row["batching"], row.get("host_threads", 1))
         series.setdefault(key, []).append(row)
     return series
 
@@ -202,6 +212,13 @@ def main() -> None:
     parser.add_argument("--questions", type=int, nargs="+", default=None, help="only these Q of each workload")
     parser.add_argument("--paths", nargs="+", default=["in_process", "http"], choices=["in_process", "http"])
     parser.add_argument("--no-unbatched", action="store_true", help="skip the batching-off rows")
+    parser.add_argument(
+        "--host-threads",
+        type=int,
+        nargs="+",
+        default=[HOST_THREADS],
+        help=f"in process: threads preparing requests, one row each (default {HOST_THREADS}, the server's)",
+    )
     parser.add_argument("--peak-tflops", type=float, default=None, help="matrix rate (default: 790 on CUDA)")
     parser.add_argument("--out", default=None, help="JSON path (default: results/throughput-<device>-<date>.json)")
     args = parser.parse_args()
@@ -211,9 +228,9 @@ def main() -> None:
     peak = args.peak_tflops or (790.0 if args.device.startswith("cuda") else None)
     rows = []
     print(f"{decider.name} on {args.device} ({dtype}); {params / 1e6:.1f} M non-embedding parameters", flush=True)
-    columns = "workload | Q | path | batching | clients | docs/s | questions/s | p50 ms | p99 ms | mean batch"
-    print(f"| {columns} | of matrix rate |")
-    print("|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    columns = "workload | Q | path | batching | host threads | clients | docs/s | questions/s | p50 ms | p99 ms"
+    print(f"| {columns} | mean batch | of matrix rate |")
+    print("|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for workload in args.workloads:
         prefix_tokens, counts = WORKLOADS[workload]
         documents = Documents(decider, prefix_tokens)
@@ -224,27 +241,28 @@ def main() -> None:
             wire = {qid: {"type": "noul", "instructions": question.instructions} for qid, question in questions.items()}
             assert parse_request({"state": "x", "questions": wire}).questions == questions
             for path in args.paths:
-                for batching in (True,) if args.no_unbatched or path == "http" else (True, False):
-                    for clients in args.clients:
-                        per_client = max(2, args.requests // clients)
-                        if path == "in_process":
-                            row = in_process(decider, documents, questions, clients, per_client, batching)
-                        else:
-                            row = over_http(decider, documents, wire, clients, per_client)
-                        flops = 2 * params * row["tokens_per_s"]
-                        row.update(
-                            workload=workload, prefix_tokens=prefix_tokens, questions=q, path=path,
-                            batching=batching, clients=clients,
-                            matrix_rate=flops / (peak * 1e12) if peak else None,
-                        )  # fmt: skip
-                        rows.append(row)
-                        share = f"{100 * row['matrix_rate']:.1f}%" if peak else "-"
-                        print(
-                            f"| {workload} | {q} | {path} | {'on' if batching else 'off'} | {clients} | "
-                            f"{row['docs_per_s']:.1f} | {row['questions_per_s']:.0f} | {row['p50_ms']:.1f} | "
-                            f"{row['p99_ms']:.1f} | {row['mean_batch']:.1f} | {share} |",
-                            flush=True,
-                        )
+                batchings = (True,) if args.no_unbatched or path == "http" else (True, False)
+                threads = args.host_threads if path == "in_process" else [HOST_THREADS]
+                for batching, host_threads, clients in itertools.product(batchings, threads, args.clients):
+                    per_client = max(2, args.requests // clients)
+                    if path == "in_process":
+                        row = in_process(decider, documents, questions, clients, per_client, batching, host_threads)
+                    else:
+                        row = over_http(decider, documents, wire, clients, per_client)
+                    flops = 2 * params * row["tokens_per_s"]
+                    row.update(
+                        workload=workload, prefix_tokens=prefix_tokens, questions=q, path=path,
+                        batching=batching, host_threads=host_threads, clients=clients,
+                        matrix_rate=flops / (peak * 1e12) if peak else None,
+                    )  # fmt: skip
+                    rows.append(row)
+                    share = f"{100 * row['matrix_rate']:.1f}%" if peak else "-"
+                    print(
+                        f"| {workload} | {q} | {path} | {'on' if batching else 'off'} | {host_threads} | {clients} | "
+                        f"{row['docs_per_s']:.1f} | {row['questions_per_s']:.0f} | {row['p50_ms']:.1f} | "
+                        f"{row['p99_ms']:.1f} | {row['mean_batch']:.1f} | {share} |",
+                        flush=True,
+                    )
     report = {
         "benchmark": "throughput",
         "model": decider.name,

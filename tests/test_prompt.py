@@ -145,6 +145,29 @@ def test_remembered_documents_and_suffixes_equal_fresh_tokenizations(tokenizer, 
     assert len(layout._tail_cache) == len(QUESTIONS)  # the text after the cut is the same for every document
 
 
+def test_threads_tokenizing_at_once_get_what_one_thread_gets(tokenizer, monkeypatch):
+    """Eight threads, each a share of new and repeated documents and questions, on one layout whose caches are
+    small enough to evict while they run: every prompt equals a lone layout's."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    monkeypatch.setattr("typedlm.text.prompt.DOCUMENT_CACHE_ENTRIES", 5)
+    monkeypatch.setattr("typedlm.text.prompt.TAIL_CACHE_ENTRIES", 4)
+    states = [f"ticket {i}: " + "the parcel came late and broken. " * (i % 7 + 1) for i in range(24)] + STATES
+    jobs = [(state, QUESTIONS[i % 3 :] or QUESTIONS) for i, state in enumerate(states * 3)]
+    random.Random(0).shuffle(jobs)
+    shared = ChatLayout(tokenizer)
+
+    def tokenize(job):
+        prompt = shared.tokenize(*job)
+        return prompt.prefix_ids, prompt.suffix_ids
+
+    with ThreadPoolExecutor(8) as pool:
+        together = list(pool.map(tokenize, jobs))
+    for job, (prefix_ids, suffix_ids) in zip(jobs, together, strict=True):
+        alone = ChatLayout(tokenizer).tokenize(*job)
+        assert (prefix_ids, suffix_ids) == (alone.prefix_ids, alone.suffix_ids)
+
+
 def test_object_states_and_unhashable_questions_are_remembered_apart(tokenizer):
     # an object state is remembered by its prefix text, a string state by itself: a string holding the object's
     # JSON gives the same prompt under its own key; a question holding an object is rendered every time

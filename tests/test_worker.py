@@ -98,3 +98,25 @@ def test_overload_answers_503_and_slow_answers_504():
         worker.close()  # waits for the forward that timed out
 
     asyncio.run(main())
+
+
+def test_requests_are_prepared_on_several_host_threads_at_once():
+    """Two requests whose preparing waits for the other's: done only when two host threads prepare at once (with
+    one, the barrier breaks and both requests fail)."""
+    barrier = threading.Barrier(2, timeout=5)
+
+    def prepare(item: int) -> int:
+        barrier.wait()
+        return item
+
+    async def main(host_threads: int):
+        worker, model = ModelWorker(max_pending=8, host_threads=host_threads), SlowBatches(0.01)
+        asks = [worker.submit_batch(lambda i=i: prepare(i), model, lambda _: 1, timeout_s=30) for i in (1, 2)]
+        try:
+            return await asyncio.gather(*asks, return_exceptions=True)
+        finally:
+            worker.close()
+
+    assert asyncio.run(main(2)) == [2, 4]
+    barrier.reset()
+    assert all(isinstance(r, threading.BrokenBarrierError) for r in asyncio.run(main(1)))

@@ -1,7 +1,7 @@
 """The model worker: forward passes run on one thread, never on the event loop, behind a bounded queue.
 
-A request is first made ready on a host thread (`prepare`: parsing into token ids, labels, limits), so that
-tokenizing the next requests overlaps the current forward; then it waits for the model thread. Requests that
+A request is first made ready on a host thread (`prepare`: parsing into token ids, labels, limits; several
+requests at once on `host_threads` threads), so that tokenizing the next requests overlaps the current forward; then it waits for the model thread. Requests that
 arrive while a forward runs are answered together by the next one (`run_batch`), up to `max_batch` requests and
 `max_batch_tokens` tokens: one forward for many documents is what keeps a GPU busy. A call that cannot be batched
 (`submit`) runs alone.
@@ -14,6 +14,7 @@ background and still counts as pending until it does). `close` waits for in-flig
 from __future__ import annotations
 
 import asyncio
+import os
 import queue
 import threading
 import time
@@ -29,6 +30,8 @@ P = TypeVar("P")
 
 MAX_BATCH = 64  # requests answered by one forward, at most
 MAX_BATCH_TOKENS = 65536  # tokens of one forward, at most (a single larger request still runs, alone)
+# threads preparing requests (tokenizing releases the GIL): a few where there are cores to spare, else one
+HOST_THREADS = max(1, min(4, (os.cpu_count() or 1) // 2))
 
 
 @dataclass
@@ -55,6 +58,7 @@ class ModelWorker:
         max_batch: int = MAX_BATCH,
         max_batch_tokens: int = MAX_BATCH_TOKENS,
         on_batch: Callable[[int, int], None] | None = None,
+        host_threads: int = HOST_THREADS,
     ):
         assert max_pending >= 1 and max_batch >= 1, "the queue must admit at least one request"
         self.max_pending = max_pending
@@ -64,7 +68,7 @@ class ModelWorker:
         self.max_batch, self.max_batch_tokens = max_batch, max_batch_tokens
         self.pending = 0  # touched only on the event loop thread
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._host = ThreadPoolExecutor(max_workers=1, thread_name_prefix="typedlm-host")
+        self._host = ThreadPoolExecutor(max_workers=host_threads, thread_name_prefix="typedlm-host")
         self._thread = threading.Thread(target=self._loop, name="typedlm-model", daemon=True)
         self._thread.start()
 

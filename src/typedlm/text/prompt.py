@@ -182,7 +182,7 @@ class ChatLayout:
         self._documents: OrderedDict[tuple[str, str], _Cut] = OrderedDict()  # state or prefix text -> its cut
         self._tail_cache: OrderedDict[str, tuple[int, ...]] = OrderedDict()  # close piece + suffix -> ids
         self._suffix_texts: dict[Question, str] = {}  # question -> its suffix text (oldest dropped first)
-        self._lock = threading.RLock()  # the caches above are shared by the threads that tokenize
+        self._lock = threading.Lock()  # the caches above are shared by the threads that tokenize
         # Strings the tokenizer turns into control tokens (<|im_end|>, <|im_start|>, ...). In user text
         # they would let a document close its own turn and answer for the model, so they are defused.
         added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
@@ -222,21 +222,21 @@ class ChatLayout:
 
     def tokenize(self, state: Text, questions: Sequence[Question]) -> TokenizedPrompt:
         """Token ids of the shared prefix and of each question's suffix; prefix + suffix == ids of the whole.
-        Safe to call from several threads (one at a time does the work)."""
-        with self._lock:
-            return self._tokenize(state, questions)
-
-    def _tokenize(self, state: Text, questions: Sequence[Question]) -> TokenizedPrompt:
+        Safe to call from several threads: the caches are touched under a lock, a new document is tokenized
+        outside it (several documents at once, where the tokenizer releases the GIL)."""
         suffixes = [self.suffix_text(question) for question in questions]
         # a string state is its own key (rendering its prefix text scans it for control strings); an object's
         # or array's key is its prefix text
         prefix = None if isinstance(state, str) else self.prefix_text(state)  # rendered once, where needed
         key = ("state", state) if prefix is None else ("prefix", prefix)
-        cut = self._documents.get(key)
+        with self._lock:
+            cut = self._documents.get(key)
         if cut is None:
             prefix = prefix or self.prefix_text(state)
-            cut = self._documents[key] = self._cut(prefix, suffixes[0])
-        _touch(self._documents, [key], DOCUMENT_CACHE_ENTRIES)
+            cut = self._cut(prefix, suffixes[0])  # the long part: the whole document tokenized
+        with self._lock:
+            cut = self._documents.setdefault(key, cut)  # a thread that cut it meanwhile: the same cut
+            _touch(self._documents, [key], DOCUMENT_CACHE_ENTRIES)
         if cut.tail is None:  # no cut holds for this document: every whole prompt tokenized whole
             prefix = prefix or self.prefix_text(state)
             tails = self._encode_batch([prefix + suffix for suffix in suffixes])
@@ -279,11 +279,14 @@ class ChatLayout:
 
     def _tails(self, texts: list[str]) -> list[tuple[int, ...]]:
         """The ids of each text (a piece of the document close + a suffix), remembered per text."""
-        missing = [text for text in dict.fromkeys(texts) if text not in self._tail_cache]
-        self._tail_cache.update(zip(missing, self._encode_batch(missing) if missing else ()))
-        tails = [self._tail_cache[text] for text in texts]
-        _touch(self._tail_cache, texts, TAIL_CACHE_ENTRIES)
-        return tails
+        with self._lock:
+            known = {text: self._tail_cache[text] for text in texts if text in self._tail_cache}
+        missing = [text for text in dict.fromkeys(texts) if text not in known]
+        known.update(zip(missing, self._encode_batch(missing) if missing else ()))
+        with self._lock:
+            self._tail_cache.update(known)
+            _touch(self._tail_cache, texts, TAIL_CACHE_ENTRIES)
+        return [known[text] for text in texts]
 
 
 def _touch(cache: OrderedDict, keys: Sequence, limit: int) -> None:
