@@ -1,10 +1,11 @@
 """The model worker: forward passes run on one thread, never on the event loop, behind a bounded queue.
 
 A request is first made ready on a host thread (`prepare`: parsing into token ids, labels, limits; several
-requests at once on `host_threads` threads), so that tokenizing the next requests overlaps the current forward; then it waits for the model thread. Requests that
-arrive while a forward runs are answered together by the next one (`run_batch`), up to `max_batch` requests and
-`max_batch_tokens` tokens: one forward for many documents is what keeps a GPU busy. A call that cannot be batched
-(`submit`) runs alone.
+requests at once on `host_threads` threads), so that tokenizing the next requests overlaps the current forward;
+then it waits for the model thread. Requests that arrive while a forward runs are answered together by the next
+one (`run_batch`), up to `max_batch` requests and `max_batch_tokens` tokens, as many as the largest power of two
+that fits (few batch shapes: each new one is captured as a CUDA graph); the rest go into the forward after. One
+forward for many documents is what keeps a GPU busy. A call that cannot be batched (`submit`) runs alone.
 
 `submit` and `submit_batch` raise a 503 (with Retry-After) when `max_pending` requests are already being prepared,
 running or waiting, and a 504 when the answer takes longer than the timeout (the forward itself finishes in the
@@ -18,6 +19,7 @@ import os
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -124,10 +126,9 @@ class ModelWorker:
         return await self._wait(job, max(timeout_s - (time.perf_counter() - started), 0.001))
 
     def _loop(self) -> None:
-        carried = None  # a job taken from the queue that did not fit the last batch
+        carried: deque = deque()  # jobs taken from the queue that did not go into the last batch, in order
         while True:
-            job = carried if carried is not None else self._queue.get()
-            carried = None
+            job = carried.popleft() if carried else self._queue.get()
             if job is _STOP:
                 return
             batch = [job]
@@ -135,15 +136,19 @@ class ModelWorker:
                 tokens = job.tokens
                 while len(batch) < self.max_batch:
                     try:
-                        waiting = self._queue.get_nowait()
+                        waiting = carried.popleft() if carried else self._queue.get_nowait()
                     except queue.Empty:
                         break
                     fits = tokens + getattr(waiting, "tokens", 0) <= self.max_batch_tokens
                     if waiting is _STOP or waiting.run_batch != job.run_batch or not fits:
-                        carried = waiting
+                        carried.appendleft(waiting)
                         break
                     batch.append(waiting)
                     tokens += waiting.tokens
+                # a power of two: batch shapes repeat (each new one is captured as a CUDA graph), the rest go next
+                keep = 1 << (len(batch).bit_length() - 1)
+                carried.extendleft(reversed(batch[keep:]))
+                del batch[keep:]
             self._run(batch)
 
     def _run(self, batch: list[_Job]) -> None:
