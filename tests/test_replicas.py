@@ -258,3 +258,24 @@ def test_metrics_carry_every_replicas_series(replicas_url):
     labeled = {s.labels.get("replica") for s in families["typedlm_requests"].samples}
     assert labeled >= {r["replica"] for r in health["replicas"]}
     assert len(health["replicas"]) == 2
+
+
+def test_the_application_builder_takes_serve_runs_key_value_args(monkeypatch):
+    """`serve run typedlm.replicas.app:app_builder replicas=3 ...`: strings typed by the options' model, API keys
+    also from the environment; a bad value refused before anything starts."""
+    pytest.importorskip("ray.serve")
+    from pydantic import ValidationError
+
+    from typedlm.replicas.app import ReplicaArgs, app_builder
+
+    monkeypatch.setenv("TYPEDLM_API_KEYS", "from-env")
+    seen = {}
+    monkeypatch.setattr("typedlm.replicas.app.build_app", lambda options: seen.setdefault("options", options))
+    app_builder({"replicas": "3", "max_queue": "4", "device": "cuda", "affinity": "false", "api_keys": ["k"]})
+    options = seen["options"]
+    assert isinstance(options, ReplicaArgs)
+    assert (options.replicas, options.max_queue, options.on_gpu, options.affinity) == (3, 4, True, False)
+    assert options.api_keys == ["k", "from-env"]
+    assert options.decider_options()["prefix_cache_bytes"] == 1024 << 20
+    with pytest.raises(ValidationError):
+        app_builder({"replicas": "0"})

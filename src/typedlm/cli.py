@@ -15,7 +15,6 @@ address it cannot listen on (a port in use) exits 4, before loading the model.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import os
@@ -24,9 +23,9 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from typedlm.core.errors import InvalidRequest, ModelError, TypedLMError
-from typedlm.core.options import EngineOptions
 from typedlm.core.questions import CALIBRATION_METHODS
 from typedlm.decide.calibration import DEFAULT_CALIBRATION
 from typedlm.offline.evaldata import DATASETS
@@ -34,6 +33,9 @@ from typedlm.offline.evaluate import SPLITS
 from typedlm.runtime.catalog import NAMED_MODELS, named_model, short_names
 from typedlm.runtime.models import EMBEDDED_MODEL, RECOMMENDED_MODEL
 from typedlm.server.settings import API_KEYS_ENV, HEAD_TIMEOUT_S
+
+if TYPE_CHECKING:
+    from typedlm.server.options import ServeOptions
 
 EXIT_BAD_INPUT = 2
 EXIT_MODEL = 3
@@ -256,13 +258,44 @@ def _check_listen(host: str, port: int) -> None:
             ) from exc
 
 
+def _serve_options(args: argparse.Namespace) -> ServeOptions:
+    """`serve`'s options from the command line (and API keys from the environment)."""
+    from pydantic import ValidationError
+
+    from typedlm.server.options import ServeOptions
+    from typedlm.server.settings import keys_from_env
+
+    try:
+        return ServeOptions(
+            model=args.model,
+            device=args.device,
+            dtype=args.dtype,
+            api_keys=[*args.api_key, *keys_from_env()],
+            max_queue=args.max_queue,
+            max_batch=args.max_batch,
+            timeout=args.timeout,
+            max_body_bytes=args.max_body_bytes,
+            log_format=args.log_format,
+            max_input_tokens=args.max_input_tokens,
+            prefix_cache_mb=args.prefix_cache_mb,
+            cuda_graphs=args.cuda_graphs,
+            fused_kernels=args.fused_kernels,
+            calibration=args.calibration,
+            calibration_file=str(Path(args.calibration_file).resolve()) if args.calibration_file else None,
+            order_reads=args.order_reads,
+        )
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        option = "--" + "-".join(str(part) for part in error["loc"]).replace("_", "-")
+        raise InvalidRequest(f"{option}: {error['msg']}") from exc
+
+
 def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from typedlm.decide.decider import Decider
-    from typedlm.server import ServerSettings, create_app
+    from typedlm.server import create_app
     from typedlm.server.protocol import with_head_timeout
-    from typedlm.server.settings import keys_from_env
 
     if args.max_queue < 1:
         raise InvalidRequest("--max-queue must be at least 1")
@@ -271,30 +304,12 @@ def serve(args: argparse.Namespace) -> int:
     if not args.head_timeout > 0:
         raise InvalidRequest("--head-timeout must be positive")
     _check_listen(args.host, args.port)
+    options = _serve_options(args)
     if args.replicas is not None:
-        return serve_replicas(args)
-    settings = ServerSettings(
-        api_keys=tuple(args.api_key) + keys_from_env(),
-        max_queue=args.max_queue,
-        max_batch=args.max_batch,
-        request_timeout_s=args.timeout,
-        max_body_bytes=args.max_body_bytes,
-        log_format=args.log_format,
-    )
-    engine = EngineOptions(
-        cuda_graphs=None if args.cuda_graphs else False, fused_kernels=None if args.fused_kernels else False
-    )
+        return serve_replicas(args, options)
     started = time.perf_counter()
-    decider = Decider.load(
-        args.model,
-        args.device,
-        args.dtype,
-        engine=engine,
-        max_input_tokens=args.max_input_tokens,
-        prefix_cache_bytes=args.prefix_cache_mb << 20,
-        **_calibration_kwargs(args),
-    )
-    settings = dataclasses.replace(settings, aliases=_aliases(decider.name))
+    decider = Decider.load(**options.decider_options())
+    settings = options.settings(aliases=_aliases(decider.name))
     about = decider.describe()
     print(
         f"typedlm: loaded {about['model']} in {time.perf_counter() - started:.1f} s: {about['device']}, "
@@ -319,11 +334,9 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def serve_replicas(args: argparse.Namespace) -> int:
+def serve_replicas(args: argparse.Namespace, options: ServeOptions) -> int:
     """`serve --replicas N`: the Ray Serve application (`typedlm.replicas.app`) on a local Ray or `--ray-address`,
     its HTTP proxy on --host/--port, until interrupted."""
-    from typedlm.server.settings import keys_from_env
-
     if args.replicas < 1:
         raise InvalidRequest("--replicas must be at least 1")
     try:
@@ -334,26 +347,7 @@ def serve_replicas(args: argparse.Namespace) -> int:
     except ImportError as exc:
         raise InvalidRequest(f"--replicas needs Ray Serve: pip install 'typedlm[ray]' ({exc})") from exc
     cpus = args.cpus_per_replica or max(1, (os.cpu_count() or 1) // args.replicas)
-    options = ReplicaArgs(
-        model=args.model,
-        device=args.device,
-        dtype=args.dtype,
-        replicas=args.replicas,
-        cpus_per_replica=cpus,
-        api_keys=[*args.api_key, *keys_from_env()],
-        max_queue=args.max_queue,
-        max_batch=args.max_batch,
-        timeout=args.timeout,
-        max_body_bytes=args.max_body_bytes,
-        log_format=args.log_format,
-        max_input_tokens=args.max_input_tokens,
-        prefix_cache_mb=args.prefix_cache_mb,
-        cuda_graphs=args.cuda_graphs,
-        fused_kernels=args.fused_kernels,
-        calibration=args.calibration or ("fitted" if args.calibration_file else None),
-        calibration_file=str(Path(args.calibration_file).resolve()) if args.calibration_file else None,
-        order_reads=args.order_reads,
-    )
+    options = ReplicaArgs(**options.model_dump(), replicas=args.replicas, cpus_per_replica=cpus)
     started = time.perf_counter()
     ray.init(address=args.ray_address, include_dashboard=False, log_to_driver=False)
     signal.signal(signal.SIGTERM, _interrupt)  # a plain kill shuts Ray down as Ctrl-C does (after Ray's own handler)

@@ -16,11 +16,10 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 from ray import serve
 from ray.serve.config import RequestRouterConfig
 from ray.serve.exceptions import BackPressureError
@@ -33,7 +32,8 @@ from typedlm.replicas.forwarding import Forwarded, Reply, app_path, run_asgi
 from typedlm.replicas.keys import CHAT, document_key
 from typedlm.replicas.routing import DocumentAffinityRouter
 from typedlm.server.chat import openai_error
-from typedlm.server.settings import DEFAULT_ALIASES, ServerSettings
+from typedlm.server.options import ServeOptions
+from typedlm.server.settings import DEFAULT_ALIASES
 from typedlm.server.status import error_body
 
 APP_NAME = "typedlm"
@@ -42,50 +42,23 @@ INGRESS = "TypedLMIngress"
 RETRY_AFTER_S = 1
 
 
-class ReplicaArgs(BaseModel):
-    """The application's options: the model each replica loads and the server settings each replica runs with.
-    `serve run typedlm.replicas.app:app_builder KEY=VALUE ...` takes them by name."""
+class ReplicaArgs(ServeOptions):
+    """The application's options: `typedlm serve`'s (the model each replica loads, the settings each replica runs
+    with) and the replicas'. `serve run typedlm.replicas.app:app_builder KEY=VALUE ...` takes them by name."""
 
-    model: str | None = None  # None: the embedded default; a named model, hub id or path otherwise
-    device: str = "cpu"
-    dtype: str | None = None
     replicas: int = Field(2, ge=1)
     cpus_per_replica: float = Field(1.0, gt=0)  # Ray CPUs per replica (on CPUs also torch's threads, at least 1)
-    api_keys: list[str] = []
-    max_queue: int = Field(16, ge=1)
-    max_batch: int = Field(1, ge=1)
-    timeout: float = Field(300.0, gt=0)
-    max_body_bytes: int = Field(8 << 20, ge=1)
-    log_format: Literal["text", "json"] = "text"
-    max_input_tokens: int | None = None
-    prefix_cache_mb: int = Field(1024, ge=0)
-    cuda_graphs: bool = True
-    fused_kernels: bool = True
-    calibration: str | None = None
-    calibration_file: str | None = None
-    order_reads: int | None = None
     affinity: bool = True  # False: every request to the least loaded replica (the baseline the affinity beats)
 
     @property
     def on_gpu(self) -> bool:
         return self.device.startswith("cuda")
 
-    def settings(self) -> ServerSettings:
-        return ServerSettings(
-            api_keys=tuple(self.api_keys),
-            max_queue=self.max_queue,
-            max_batch=self.max_batch,
-            request_timeout_s=self.timeout,
-            max_body_bytes=self.max_body_bytes,
-            log_format=self.log_format,
-        )
-
 
 class Replica:
     """One model and the single server's app around it."""
 
     def __init__(self, args: ReplicaArgs):
-        from typedlm.core.options import EngineOptions
         from typedlm.decide.decider import Decider
         from typedlm.runtime.catalog import short_names
         from typedlm.server.app import create_app
@@ -94,23 +67,8 @@ class Replica:
             import torch
 
             torch.set_num_threads(max(1, int(args.cpus_per_replica)))
-        engine = EngineOptions(
-            cuda_graphs=None if args.cuda_graphs else False, fused_kernels=None if args.fused_kernels else False
-        )
-        method = args.calibration or ("fitted" if args.calibration_file else None)
-        decider = Decider.load(
-            args.model,
-            args.device,
-            args.dtype,
-            engine=engine,
-            max_input_tokens=args.max_input_tokens,
-            prefix_cache_bytes=args.prefix_cache_mb << 20,
-            calibration=method,
-            calibration_file=args.calibration_file,
-            order_reads=args.order_reads,
-        )
-        settings = dataclasses.replace(args.settings(), aliases=(*DEFAULT_ALIASES, *short_names(decider.name)))
-        self.app = create_app(decider, settings)
+        decider = Decider.load(**args.decider_options())
+        self.app = create_app(decider, args.settings(aliases=(*DEFAULT_ALIASES, *short_names(decider.name))))
         self.replica_id = serve.get_replica_context().replica_id.unique_id
 
     async def __call__(self, request: Forwarded) -> Reply:

@@ -1,0 +1,60 @@
+"""`ServeOptions`: all that `typedlm serve` is told, the model to load and the server's settings, as one object,
+from the command line or from Ray Serve's application args (`typedlm.replicas.app`)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from typedlm.core.options import EngineOptions
+from typedlm.server.settings import DEFAULT_ALIASES, ServerSettings
+
+
+class ServeOptions(BaseModel):
+    """What `typedlm serve` runs: the model to load (`decider_options`, the keyword arguments of `Decider.load`)
+    and the server's settings (`settings`). One object for the single server and for each replica on Ray Serve."""
+
+    model: str | None = None  # None: the embedded default; a named model, hub id or path otherwise
+    device: str = "cpu"
+    dtype: str | None = None
+    api_keys: list[str] = []
+    max_queue: int = Field(16, ge=1)
+    max_batch: int = Field(1, ge=1)
+    timeout: float = Field(300.0, gt=0)
+    max_body_bytes: int = Field(8 << 20, ge=1)
+    log_format: Literal["text", "json"] = "text"
+    max_input_tokens: int | None = None
+    prefix_cache_mb: int = Field(1024, ge=0)
+    cuda_graphs: bool = True
+    fused_kernels: bool = True
+    calibration: str | None = None  # None: "fitted" with a calibration file, else the model's default
+    calibration_file: str | None = None
+    order_reads: int | None = None
+
+    def settings(self, aliases: tuple[str, ...] = DEFAULT_ALIASES) -> ServerSettings:
+        return ServerSettings(
+            api_keys=tuple(self.api_keys),
+            max_queue=self.max_queue,
+            max_batch=self.max_batch,
+            request_timeout_s=self.timeout,
+            max_body_bytes=self.max_body_bytes,
+            aliases=aliases,
+            log_format=self.log_format,
+        )
+
+    def decider_options(self) -> dict[str, Any]:
+        engine = EngineOptions(
+            cuda_graphs=None if self.cuda_graphs else False, fused_kernels=None if self.fused_kernels else False
+        )
+        return {
+            "model": self.model,
+            "device": self.device,
+            "dtype": self.dtype,
+            "engine": engine,
+            "max_input_tokens": self.max_input_tokens,
+            "prefix_cache_bytes": self.prefix_cache_mb << 20,
+            "calibration": self.calibration or ("fitted" if self.calibration_file else None),
+            "calibration_file": self.calibration_file,
+            "order_reads": self.order_reads,
+        }
