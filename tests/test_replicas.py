@@ -10,6 +10,7 @@ against it too: scripts/conformance.sh.)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 import importlib.util
 import json
@@ -159,13 +160,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def replicas_url(tmp_path_factory):
-    pytest.importorskip("ray.serve")
+@contextlib.contextmanager
+def _serving(log: Path, *options: str):
+    """`typedlm serve --replicas ...` in a subprocess (its own local Ray) until every replica is up; stopped with
+    SIGTERM, as a service manager stops it."""
     port = _free_port()
-    log = tmp_path_factory.mktemp("replicas") / "serve.log"
-    command = [sys.executable, "-m", "typedlm.cli", "serve", "--replicas", "2", "--cpus-per-replica", "1"]
-    command += ["--port", str(port)]
+    command = [sys.executable, "-m", "typedlm.cli", "serve", "--port", str(port), *options]
     with log.open("w") as sink:
         process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
@@ -188,6 +188,14 @@ def replicas_url(tmp_path_factory):
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+
+
+@pytest.fixture(scope="module")
+def replicas_url(tmp_path_factory):
+    pytest.importorskip("ray.serve")
+    log = tmp_path_factory.mktemp("replicas") / "serve.log"
+    with _serving(log, "--replicas", "2", "--cpus-per-replica", "1") as url:
+        yield url
 
 
 def _benchmark():
@@ -279,3 +287,23 @@ def test_the_application_builder_takes_serve_runs_key_value_args(monkeypatch):
     assert options.decider_options()["prefix_cache_bytes"] == 1024 << 20
     with pytest.raises(ValidationError):
         app_builder({"replicas": "0"})
+
+
+def test_more_requests_than_the_replicas_take_get_503_with_retry_after(tmp_path):
+    """One replica taking one request at a time, and one more waiting: of ten requests sent at once on new
+    documents, the rest get 503 with Retry-After in the route's own error shape, never another 5xx."""
+    pytest.importorskip("ray.serve")
+    with _serving(tmp_path / "serve.log", "--replicas", "1", "--max-queue", "1") as url:
+
+        async def burst(path: str, body) -> list[httpx.Response]:
+            async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+                return await asyncio.gather(*(client.post(path, json=body(i)) for i in range(10)))
+
+        one = asyncio.run(burst("/v1/systemone", lambda i: {"state": f"ticket {i} " * 100, "questions": QUESTIONS}))
+        chat = asyncio.run(burst("/v1/chat/completions", lambda i: _chat(f"ticket {i} " * 100)))
+    for responses, shape in ((one, "detail"), (chat, "error")):
+        statuses = sorted(r.status_code for r in responses)
+        assert set(statuses) == {200, 503} and statuses.count(200) >= 2, statuses
+        for busy in (r for r in responses if r.status_code == 503):
+            assert busy.headers["retry-after"] == "1"
+            assert "busy" in json.dumps(busy.json()[shape])
