@@ -227,3 +227,21 @@ def test_add_rms_norm_kernel_equals_the_add_and_the_norm(dtype):
         assert torch.equal(total, want_total)  # the sum rounded as the plain add rounds it
     assert agrees(total, want_total)
     assert normed.dtype == want_normed.dtype and agrees(normed, want_normed)
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_row_store_kernel_equals_index_copy(dtype):
+    """Rows that lie apart (the keys of a joined q/k/v product), stored at scattered slots: what index_copy_ stores,
+    and nothing else touched; rows wider than one program's block."""
+    from typedlm.ops.triton_ops import COLUMNS_PER_PROGRAM, store_rows
+
+    generator = torch.Generator().manual_seed(0)
+    heads, dim = 3, COLUMNS_PER_PROGRAM // 2 + 8  # 3 × 520 values per row: two blocks, the second partial
+    joined = torch.randn(37, 7, dim, generator=generator).to(dtype).to(DEVICE)
+    rows = joined[:, 2 : 2 + heads]  # [37, 3, dim]: each row contiguous, rows 7·dim apart
+    slots = torch.randperm(50, generator=generator)[:37].to(DEVICE)
+    got = torch.randn(50, heads, dim, generator=generator).to(dtype).to(DEVICE)
+    want = got.clone().index_copy_(0, slots, rows)
+    store_rows(got, slots, rows)
+    assert torch.equal(got, want)

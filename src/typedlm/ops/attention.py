@@ -283,6 +283,16 @@ def attend_ranges(
     return out.to(q.dtype), lse.transpose(0, 1)
 
 
+def _store(buffer: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor) -> None:
+    """buffer[slots] = rows: on CUDA with Triton as one copy kernel (see `triton_ops.store_rows`)."""
+    if buffer.is_cuda and kernel_available():
+        from typedlm.ops.triton_ops import store_rows
+
+        store_rows(buffer, slots, rows)
+    else:
+        buffer.index_copy_(0, slots, rows)
+
+
 def _static_cascade(layer: int, query, key, value, plan: StaticPlan, scale: float) -> torch.Tensor:
     """query: [1, H, R, D]; key/value: [1, Hkv, R, D], this forward's rows only. Returns [1, R, H, D]."""
     kbuf, vbuf = plan.kv[layer, 0], plan.kv[layer, 1]  # [C, Hkv, D]
@@ -295,8 +305,8 @@ def _static_cascade(layer: int, query, key, value, plan: StaticPlan, scale: floa
         return out[None]
     parts = []
     if tb:  # document rows: stored, then over the cached prefix and themselves, causally
-        kbuf.index_copy_(0, plan.write_slots, k[:tb])
-        vbuf.index_copy_(0, plan.write_slots, v[:tb])
+        _store(kbuf, plan.write_slots, k[:tb])
+        _store(vbuf, plan.write_slots, v[:tb])
         longest = (plan.longest[0], plan.longest[2]) if plan.longest else None
         out, _ = attend_ranges(
             q[:tb].contiguous(), kbuf, vbuf, plan.cu_doc, plan.cu_keys, scale, causal=True, longest=longest

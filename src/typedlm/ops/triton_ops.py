@@ -9,6 +9,11 @@ for most shapes, which for a q/k norm over 128 values means tens of thousands of
 `silu_mul_joined(h)`: a SwiGLU MLP's activation when its gate and up projections run as ONE matrix product
 (`kernels` joins their weights): h [..., 2F] holds the gate's outputs then the up's, and the result is
 silu(gate)·up [..., F], read from the two halves in place (no split copies).
+
+`store_rows(dst, slots, src)`: dst[slots[i]] = src[i] for rows that are each contiguous but lie apart (a layer's
+keys or values, read straight out of the joined q/k/v product): what `index_copy_` does, a row per program
+(20,480 rows of 1,024 bf16 values on an H200: 44 µs against index_copy_'s 67, whose index kernel computes an
+offset per element).
 """
 
 from __future__ import annotations
@@ -125,3 +130,21 @@ def add_rms_norm(
         ROWS=per_program, COLUMNS=block,
     )  # fmt: skip
     return total, out
+
+
+@triton.jit
+def _store_rows_kernel(SRC, DST, SLOTS, width, stride_src, stride_dst, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    slot = tl.load(SLOTS + row).to(tl.int64)
+    column = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    inside = column < width
+    tl.store(DST + slot * stride_dst + column, tl.load(SRC + row * stride_src + column, mask=inside), mask=inside)
+
+
+def store_rows(dst: torch.Tensor, slots: torch.Tensor, src: torch.Tensor) -> None:
+    """dst[slots[i]] = src[i] (`dst.index_copy_(0, slots, src)`), for dst [C, ...] contiguous and src [R, ...]
+    whose rows are each contiguous (any stride between rows)."""
+    width = dst[0].numel()
+    rows = src.reshape(src.shape[0], width)  # a view where each row is contiguous; a copy otherwise
+    grid = (rows.shape[0], triton.cdiv(width, COLUMNS_PER_PROGRAM))
+    _store_rows_kernel[grid](rows, dst, slots, width, rows.stride(0), width, BLOCK=COLUMNS_PER_PROGRAM)
