@@ -258,15 +258,16 @@ def _check_listen(host: str, port: int) -> None:
             ) from exc
 
 
-def _serve_options(args: argparse.Namespace) -> ServeOptions:
-    """`serve`'s options from the command line (and API keys from the environment)."""
+def _serve_options(args: argparse.Namespace, kind: type[ServeOptions] | None = None, **more) -> ServeOptions:
+    """`serve`'s options from the command line (and API keys from the environment), as `kind` (ServeOptions or a
+    subclass, given `more` fields); a bad value is an InvalidRequest naming its option."""
     from pydantic import ValidationError
 
     from typedlm.server.options import ServeOptions
     from typedlm.server.settings import keys_from_env
 
     try:
-        return ServeOptions(
+        return (kind or ServeOptions)(
             model=args.model,
             device=args.device,
             dtype=args.dtype,
@@ -283,6 +284,7 @@ def _serve_options(args: argparse.Namespace) -> ServeOptions:
             calibration=args.calibration,
             calibration_file=str(Path(args.calibration_file).resolve()) if args.calibration_file else None,
             order_reads=args.order_reads,
+            **more,
         )
     except ValidationError as exc:
         error = exc.errors()[0]
@@ -304,9 +306,9 @@ def serve(args: argparse.Namespace) -> int:
     if not args.head_timeout > 0:
         raise InvalidRequest("--head-timeout must be positive")
     _check_listen(args.host, args.port)
-    options = _serve_options(args)
     if args.replicas is not None:
-        return serve_replicas(args, options)
+        return serve_replicas(args)
+    options = _serve_options(args)
     started = time.perf_counter()
     decider = Decider.load(**options.decider_options())
     settings = options.settings(aliases=_aliases(decider.name))
@@ -334,7 +336,7 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def serve_replicas(args: argparse.Namespace, options: ServeOptions) -> int:
+def serve_replicas(args: argparse.Namespace) -> int:
     """`serve --replicas N`: the Ray Serve application (`typedlm.replicas.app`) on a local Ray or `--ray-address`,
     its HTTP proxy on --host/--port, until interrupted."""
     if args.replicas < 1:
@@ -347,7 +349,7 @@ def serve_replicas(args: argparse.Namespace, options: ServeOptions) -> int:
     except ImportError as exc:
         raise InvalidRequest(f"--replicas needs Ray Serve: pip install 'typedlm[ray]' ({exc})") from exc
     cpus = args.cpus_per_replica or max(1, (os.cpu_count() or 1) // args.replicas)
-    options = ReplicaArgs(**options.model_dump(), replicas=args.replicas, cpus_per_replica=cpus)
+    options = _serve_options(args, ReplicaArgs, replicas=args.replicas, cpus_per_replica=cpus)
     started = time.perf_counter()
     ray.init(address=args.ray_address, include_dashboard=False, log_to_driver=False)
     signal.signal(signal.SIGTERM, _interrupt)  # a plain kill shuts Ray down as Ctrl-C does (after Ray's own handler)
@@ -376,8 +378,8 @@ def _interrupt(_signum: int, _frame: object) -> None:
 
 
 def _calibration_kwargs(args: argparse.Namespace) -> dict:
-    method = args.calibration or ("fitted" if args.calibration_file else None)  # None: the decider's default
-    return {"calibration": method, "calibration_file": args.calibration_file, "order_reads": args.order_reads}
+    # calibration None: the decider's default ("fitted" with a calibration file)
+    return {"calibration": args.calibration, "calibration_file": args.calibration_file, "order_reads": args.order_reads}
 
 
 def _progress(description: str):

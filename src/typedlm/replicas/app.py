@@ -32,9 +32,10 @@ from typedlm.replicas.forwarding import Forwarded, Reply, app_path, run_asgi
 from typedlm.replicas.keys import CHAT, document_key
 from typedlm.replicas.routing import DocumentAffinityRouter
 from typedlm.server.chat import openai_error
+from typedlm.server.errors import to_response
 from typedlm.server.options import ServeOptions
 from typedlm.server.settings import DEFAULT_ALIASES
-from typedlm.server.status import error_body
+from typedlm.server.status import APIError
 
 APP_NAME = "typedlm"
 REPLICA = "TypedLMReplica"
@@ -75,9 +76,8 @@ class Replica:
         return await run_asgi(self.app, request, self.replica_id)
 
     def __del__(self):
-        worker = getattr(getattr(getattr(self, "app", None), "state", None), "worker", None)
-        if worker is not None:
-            worker.close()  # finish the forward in flight
+        if hasattr(self, "app"):  # its model loaded
+            self.app.state.worker.close()  # finish the forward in flight
 
 
 def _response(reply: Reply) -> Response:
@@ -88,11 +88,16 @@ def _response(reply: Reply) -> Response:
 
 
 def _overloaded(path: str) -> Response:
-    message = f"every replica is busy; retry after {RETRY_AFTER_S} s"
-    headers = {"Retry-After": str(RETRY_AFTER_S)}
+    """The 503 of a full queue, in the route's own shape, as the single server's worker answers it."""
+    busy = APIError(
+        503,
+        "overloaded",
+        f"every replica is busy; retry after {RETRY_AFTER_S} s",
+        headers={"Retry-After": str(RETRY_AFTER_S)},
+    )
     if path == CHAT:
-        return openai_error(503, message, kind="overloaded", headers=headers)
-    return JSONResponse(error_body("overloaded", message), 503, headers=headers)
+        return openai_error(busy.status, busy.message, kind=busy.error_type, headers=busy.headers)
+    return to_response(busy)
 
 
 class Ingress:

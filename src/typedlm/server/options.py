@@ -28,7 +28,7 @@ class ServeOptions(BaseModel):
     prefix_cache_mb: int = Field(1024, ge=0)
     cuda_graphs: bool = True
     fused_kernels: bool = True
-    calibration: str | None = None  # None: "fitted" with a calibration file, else the model's default
+    calibration: str | None = None  # None: the decider's default ("fitted" with a calibration file)
     calibration_file: str | None = None
     order_reads: int | None = None
 
@@ -54,7 +54,7 @@ class ServeOptions(BaseModel):
             "engine": engine,
             "max_input_tokens": self.max_input_tokens,
             "prefix_cache_bytes": self.prefix_cache_mb << 20,
-            "calibration": self.calibration or ("fitted" if self.calibration_file else None),
+            "calibration": self.calibration,
             "calibration_file": self.calibration_file,
             "order_reads": self.order_reads,
         }
