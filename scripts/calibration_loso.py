@@ -16,8 +16,9 @@ set and split into --readouts (JSONL) and reused by later runs. Then:
    questions are also read with their options answered by name (with and without length normalisation): the best
    variant of each way, by the rule above, and of those the one with the lowest log loss (ECE cannot tell an
    accurate reader from one at chance);
-2. the chosen variant is reported on the held-out splits: raw, contextual, fitted in-set, fitted with the set left
-   out (accuracy, ECE, Brier), and written as JSON;
+2. the chosen variant is reported on the held-out splits: raw, contextual, fitted in-set, fitted on the set's own
+   train split only, fitted with the set left out (accuracy, ECE, Brier), and the ECE a perfectly calibrated model
+   would measure with the left-out confidences (the floor), and written as JSON;
 3. with --calibration-file, the chosen variant fitted on every set's train split is written as this model's
    calibration file (its order reads recorded in its data).
 """
@@ -38,7 +39,7 @@ from typedlm.offline.fitting import fit_calibrators
 from typedlm.offline.loso import answers_of, leave_one_set_out, set_weights
 from typedlm.offline.metrics import KINDS
 from typedlm.offline.readouts import load, record, save
-from typedlm.text.prompt import PROMPT_VERSION
+from typedlm.text.prompt import PROMPT_VERSION, WORDINGS
 
 READS = 3  # option orders recorded per choice/score question; fewer are read from them
 READS_MARGIN = 0.01  # order reads cost up to 2.3x one read: they are turned on only if they lower the score this much
@@ -78,13 +79,27 @@ def main() -> int:
     parser.add_argument("--out", required=True, help="JSON report")
     parser.add_argument("--calibration-file", default=None, help="write the calibrator fitted on every set here")
     parser.add_argument(
+        "--prompt-version",
+        default=PROMPT_VERSION,
+        choices=sorted(WORDINGS),
+        help="the prompt's wording the readouts are recorded with (text.prompt.WORDINGS; give each its own folders)",
+    )
+    parser.add_argument(
+        "--order-reads",
+        type=int,
+        default=READS,
+        choices=range(1, READS + 1),
+        metavar=f"1..{READS}",
+        help="option orders recorded per choice/score question (fewer: faster to record; 1 and this many compared)",
+    )
+    parser.add_argument(
         "--name-readouts",
         default=None,
         help="folder of choice readouts with options answered by name (made if missing): choice questions then "
         "compare letters, names and names per token",
     )
     args = parser.parse_args()
-    decider = Decider.load(args.model, calibration="raw")
+    decider = Decider.load(args.model, calibration="raw", prompt_version=args.prompt_version)
     folder = Path(args.readouts)
     readouts = {}
     for name in args.sets:
@@ -92,7 +107,7 @@ def main() -> int:
         for split in ("train", "held_out"):
             path = folder / f"{name}.{split}.jsonl"
             if not path.is_file():
-                save(path, record(decider, load_examples(name, split, args.limit, 0), name, READS))
+                save(path, record(decider, load_examples(name, split, args.limit, 0), name, args.order_reads))
                 print(f"recorded {path}", file=sys.stderr, flush=True)
             readouts[name][split] = load(path)
     formats = {"letters": readouts}  # how choice options are answered → the readouts read that way
@@ -113,7 +128,7 @@ def main() -> int:
     # each fit's setting: order reads, and whether every set weighs the same in it (else every answer does)
     settings = {
         f"{reads} read{'s' * (reads > 1)}{', sets weighed equally' * balanced}": (reads, balanced)
-        for reads in (1, READS)
+        for reads in sorted({1, args.order_reads})
         for balanced in (False, True)
     }
     selection: dict[str, dict[str, dict[str, dict[str, float]]]] = {}
@@ -187,6 +202,16 @@ def main() -> int:
         for method, summary in entry["rows"].items():
             o = summary["overall"]
             print(f"| {name} | {method} | {o['n']} | {o['accuracy']:.3f} | {o['ece']:.3f} | {o['brier']:.3f} |")
+    print("\nThe ECE a perfectly calibrated model would measure with the left-out confidences (metrics.ece_floor)\n")
+    print("| set | answers | set left out ECE | own set ECE | floor: mean | 90th percentile | share ≤ 0.05 |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for name, entry in result.items():
+        rows, floor = entry["rows"], entry["ece_floor"]
+        print(
+            f"| {name} | {rows['raw']['overall']['n']} | {rows['calibrated, set left out']['overall']['ece']:.3f} "
+            f"| {rows['calibrated, own set']['overall']['ece']:.3f} | {floor['mean']:.3f} | {floor['p90']:.3f} "
+            f"| {floor['share_at_most_0.05']:.2f} |"
+        )
     report = {
         "model": decider.name,
         "fingerprint": decider.fingerprint,
@@ -222,7 +247,9 @@ def main() -> int:
             train, uses, bases, [w for ws in weights.values() for w in ws] if balanced else None
         )
         base = max(set(bases.values()), key=list(bases.values()).count)  # the file's own: any kind's would do
-        file = CalibrationFile(decider.name, decider.fingerprint, PROMPT_VERSION, base, {}, data, {}, calibrators)
+        file = CalibrationFile(
+            decider.name, decider.fingerprint, decider.prompt_version, base, {}, data, {}, calibrators
+        )
         file.save(args.calibration_file)
         print(f"wrote {args.calibration_file}", file=sys.stderr)
     return 0
@@ -240,8 +267,11 @@ def _named(args: argparse.Namespace, readouts: dict) -> dict[str, dict]:
                 continue
             path = folder / f"{name}.{split}.jsonl"
             if not path.is_file():
-                decider = decider or Decider.load(args.model, calibration="raw", choice_answers="names")
-                save(path, record(decider, load_examples(name, split, args.limit, 0), name, READS, kinds=("choice",)))
+                decider = decider or Decider.load(
+                    args.model, calibration="raw", choice_answers="names", prompt_version=args.prompt_version
+                )
+                examples = load_examples(name, split, args.limit, 0)
+                save(path, record(decider, examples, name, args.order_reads, kinds=("choice",)))
                 print(f"recorded {path}", file=sys.stderr, flush=True)
             by_answer = {(r.example, r.question): r for r in load(path)}
             named[name][split] = [by_answer.get((r.example, r.question), r) for r in rows]

@@ -53,3 +53,19 @@ def test_weighing_sets_equally_keeps_a_large_set_from_setting_the_temperature_al
     # unweighed and 1/2 of the weight weighed equally, so its temperature moves less when weighed equally
     log_t = {b: fitted[b]["third"]["calibrators"]["set left out"]["choice"]["weights"][0] for b in fitted}
     assert log_t[True] < log_t[False]
+
+
+def test_each_set_reports_its_own_fit_and_the_floor_of_a_perfectly_calibrated_model():
+    sets = {
+        name: {"train": _readouts(name, 600, seed, 2.0), "held_out": _readouts(name, 300, seed + 100, 2.0)}
+        for seed, name in enumerate(("a", "b"))
+    }
+    report = leave_one_set_out(sets, "raw", use=("bias",))
+    for entry in report.values():
+        own = entry["calibrators"]["own set"]["choice"]["weights"][0]
+        assert own > 0.2, "sharper than the truth by a power of 2: its own temperature is well above 1"
+        assert entry["rows"]["calibrated, own set"]["overall"]["ece"] < entry["rows"]["raw"]["overall"]["ece"]
+        floor = entry["ece_floor"]
+        # 300 answers over 15 bins: even an exactly right model measures an ECE of a few hundredths
+        assert 0.01 < floor["mean"] < floor["p90"] < 0.15
+        assert 0.0 <= floor["share_at_most_0.05"] <= 1.0

@@ -10,6 +10,7 @@ import math
 import random
 import re
 
+import numpy as np
 import pytest
 
 from typedlm.offline.metrics import Prediction, format_table, reliability_plot, summarize
@@ -226,3 +227,25 @@ def test_format_table_is_a_markdown_table():
 def test_format_table_without_the_08_threshold():
     line = format_table({"x": summarize([noul(0.9, 1)], thresholds=(0.5,))}).splitlines()[-1]
     assert [c.strip() for c in line.split("|")[1:-1]][7:9] == ["–", "–"]
+
+
+def test_the_ece_floor_is_the_ece_of_outcomes_drawn_from_the_confidences_themselves():
+    from typedlm.offline.metrics import ece_floor
+
+    rng = np.random.default_rng(3)
+    conf = rng.uniform(0.5, 1.0, 200)
+    predictions = [Prediction("noul", (c, 1 - c), 0, 1.0) for c in conf]
+    floor = ece_floor(predictions, draws=30, seed=7)
+    # brute force: the same draws, each scored by `summarize` as real outcomes
+    drawn = np.random.default_rng(7).random((30, conf.size)) < conf
+    eces = [
+        summarize([Prediction("noul", (c, 1 - c), 0 if right else 1, 1.0) for c, right in zip(conf, row)])["overall"][
+            "ece"
+        ]
+        for row in drawn
+    ]
+    assert floor["mean"] == pytest.approx(np.mean(eces), abs=1e-12)
+    assert floor["share_at_most_0.05"] == pytest.approx(np.mean(np.array(eces) <= 0.05))
+    # more answers, lower floor (it falls roughly as 1/sqrt(n))
+    many = [Prediction("noul", (c, 1 - c), 0, 1.0) for c in rng.uniform(0.5, 1.0, 5000)]
+    assert ece_floor(many)["mean"] < floor["mean"] / 3

@@ -209,3 +209,20 @@ def test_common_prefix_length_equals_a_walk_id_by_id():
                 shared += 1
             want = min(want, shared)
         assert common_prefix_length(first, *others) == want
+
+
+def test_each_prompt_version_words_the_system_prompt_and_every_kinds_closing_line(tokenizer):
+    from typedlm.text.prompt import PROMPT_VERSION, WORDINGS
+
+    assert WORDINGS[PROMPT_VERSION].system == SYSTEM_PROMPT
+    for version, words in WORDINGS.items():
+        layout = ChatLayout(tokenizer, version)
+        assert layout.head.startswith("<|im_start|>system\n" + words.system)
+        by_name = ChoiceQuestion((("angry", None), ("calm", None)), by_name=True)
+        closing = [question_block(q, version).splitlines()[-1] for q in (*QUESTIONS, by_name)]
+        assert closing == [words.noul, words.choice_letters, words.score, words.choice_names]
+        assert layout.suffix_text(QUESTIONS[0]).startswith("\n\n" + question_block(QUESTIONS[0], version))
+    assert question_block(QUESTIONS[0]) == question_block(QUESTIONS[0], PROMPT_VERSION)
+    assert len({WORDINGS[v].system + WORDINGS[v].noul for v in WORDINGS}) == len(WORDINGS), "versions differ"
+    with pytest.raises(ModelError, match="unknown prompt version 'nope'"):
+        ChatLayout(tokenizer, "nope")

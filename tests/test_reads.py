@@ -150,3 +150,20 @@ def test_a_file_shipped_for_the_model_is_the_default_only_for_its_own_weights(de
     assert Decider(LoadedModel(model, tokenizer, "another-name")).calibration == "contextual"
     other = LoadedModel(tiny_model("qwen3", len(tokenizer), seed=6), tokenizer, "tiny-qwen3")
     assert Decider(other).calibration == "contextual", "a shipped file fitted on other weights is not used"
+
+
+def test_the_prompt_version_follows_the_calibration_file_and_a_file_of_another_is_refused(decider, tokenizer):
+    model = decider.engine.model
+    assert decider.prompt_version == PROMPT_VERSION and decider.describe()["prompt_version"] == PROMPT_VERSION
+    other = Decider(LoadedModel(model, tokenizer, "tiny-qwen3"), calibration="raw", prompt_version="2-system")
+    assert other.layout.version == "2-system" and other.layout.system_ids != decider.layout.system_ids
+    # another wording is another prompt: the model reads other numbers
+    mine = decider.decide(STATE, QUESTIONS).to_wire()["answers"]["topic"]["probabilities"]
+    theirs = other.decide(STATE, QUESTIONS).to_wire()["answers"]["topic"]["probabilities"]
+    assert list(mine.values()) != pytest.approx(list(theirs.values()), abs=1e-6)
+    file = CalibrationFile("tiny-qwen3", decider.fingerprint, "2-system", "raw", {"noul": {"a": 1.0, "b": 0.0}})
+    assert Decider(LoadedModel(model, tokenizer, "tiny-qwen3"), calibration_file=file).prompt_version == "2-system"
+    with pytest.raises(ModelError, match="prompt version 2-system"):
+        Decider(LoadedModel(model, tokenizer, "tiny-qwen3"), calibration_file=file, prompt_version="1")
+    with pytest.raises(ModelError, match="unknown prompt version"):
+        Decider(LoadedModel(model, tokenizer, "tiny-qwen3"), prompt_version="0")

@@ -38,7 +38,7 @@ import numpy as np
 from typedlm.core.confidence import normalise, raw_mass
 from typedlm.core.errors import ModelError
 from typedlm.core.questions import Question
-from typedlm.text.prompt import question_block
+from typedlm.text.prompt import PROMPT_VERSION, question_block
 
 DEFAULT_CALIBRATION = "contextual"  # without a file: as good as raw or better on every held-out set (docs)
 # With a file (given, or shipped for the model: `shipped_calibration`) the default is "fitted".
@@ -47,9 +47,10 @@ READABLE_FORMATS = ("typedlm-calibration/1", FORMAT)
 FLOOR = 1e-12  # probabilities are clipped here before logarithms
 
 
-def signature(question: Question) -> str:
-    """A short hash of a question as the model reads it (text, options or levels, answer format)."""
-    return hashlib.sha256(question_block(question).encode()).hexdigest()[:16]
+def signature(question: Question, version: str = PROMPT_VERSION) -> str:
+    """A short hash of a question as the model reads it (text, options or levels, answer format) in a prompt
+    version's words."""
+    return hashlib.sha256(question_block(question, version).encode()).hexdigest()[:16]
 
 
 # Probabilities are lists of plain floats: a request's answers have a handful of labels each, where numpy's

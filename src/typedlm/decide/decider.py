@@ -59,7 +59,7 @@ from typedlm.runtime.models import LoadedModel, load_model, model_fingerprint
 from typedlm.runtime.packing import PackedItem
 from typedlm.runtime.prefix_cache import PrefixCache
 from typedlm.text.labels import Labeler
-from typedlm.text.prompt import PROMPT_VERSION, ChatLayout, TokenizedPrompt, render_text
+from typedlm.text.prompt import PROMPT_VERSION, ChatLayout, TokenizedPrompt, render_text, wording
 
 
 @dataclass(frozen=True)
@@ -114,6 +114,7 @@ class Decider:
         calibration_file: CalibrationFile | str | Path | None = None,
         order_reads: int | None = None,
         choice_answers: str | None = None,
+        prompt_version: str | None = None,
     ):
         """Prepare a loaded model. `engine`: the feature switches (see `typedlm.core.options`);
         `max_input_tokens`: tokens per request (None: the model's context); `prefix_cache_bytes`: memory for
@@ -122,14 +123,24 @@ class Decider:
         fitted by `typedlm calibrate` for this model (or its path; None: the file shipped for a named model, if one
         is and it matches these weights); `order_reads`: the default number of option orders read per choice/score
         question (None: what the calibration file was fitted with, else 1); `choice_answers`: how choice options are
-        answered, one of `reads.CHOICE_ANSWERS` (None: what the calibration file was fitted with, else letters)."""
+        answered, one of `reads.CHOICE_ANSWERS` (None: what the calibration file was fitted with, else letters);
+        `prompt_version`: the prompt's wording, one of `text.prompt.WORDINGS` (None: the version the calibration file,
+        given or shipped for this model, was fitted with, else `PROMPT_VERSION`)."""
         if isinstance(calibration_file, (str, Path)):
             calibration_file = CalibrationFile.load(calibration_file)
         self.name = loaded.name
         self.fingerprint = model_fingerprint(loaded.model)
         self.tokenizer = loaded.tokenizer
         self.engine = Engine(loaded.model, engine)
-        self.layout = ChatLayout(loaded.tokenizer)
+        shipped = shipped_calibration(self.name) if calibration_file is None else None
+        if shipped is not None and shipped.fingerprint != self.fingerprint:
+            shipped = None  # shipped for other weights of the same name: its numbers mean nothing here
+        if prompt_version is None:
+            known = calibration_file or shipped
+            prompt_version = known.prompt_version if known is not None else PROMPT_VERSION
+        wording(prompt_version)  # an unknown version fails here, before any forward
+        self.prompt_version = prompt_version
+        self.layout = ChatLayout(loaded.tokenizer, prompt_version)
         self.labeler = Labeler(loaded.tokenizer, self.layout.answer_opening)
         self.labeler.verify(MAX_OPTIONS, MAX_LEVELS)
         self.max_input_tokens = max_input_tokens
@@ -142,13 +153,8 @@ class Decider:
         # file shipped for a named model is used only for the weights it was fitted on.
         if calibration_file is not None:
             self.check_calibration(calibration_file)
-        else:
-            calibration_file = shipped_calibration(self.name)
-            if calibration_file is not None and (calibration_file.fingerprint, calibration_file.prompt_version) != (
-                self.fingerprint,
-                PROMPT_VERSION,
-            ):
-                calibration_file = None
+        elif shipped is not None and shipped.prompt_version == prompt_version:
+            calibration_file = shipped
         self.calibration_file = calibration_file
         default = "fitted" if calibration_file is not None else DEFAULT_CALIBRATION
         self.calibration = self._method(calibration or default, "--calibration")
@@ -189,6 +195,7 @@ class Decider:
             "calibration": self.calibration,
             "order_reads": str(self.order_reads),
             "choice_answers": self.choice_answers,
+            "prompt_version": self.prompt_version,
         }
 
     @property
@@ -204,7 +211,7 @@ class Decider:
 
     def check_calibration(self, file: CalibrationFile) -> None:
         """Raise `ModelError` unless `file` was fitted for this model and prompt."""
-        file.check(self.fingerprint, PROMPT_VERSION)
+        file.check(self.fingerprint, self.prompt_version)
 
     def _method(self, method: str, where: str = "x_calibration") -> str:
         if method not in CALIBRATION_METHODS:
@@ -370,7 +377,11 @@ class Decider:
         `fitted` stands in for the decider's calibration file under the fitted method.
         """
         fitted = fitted or self.calibration_file
-        key = signature(question) if method == "fitted" and fitted is not None and fitted.questions else None
+        key = (
+            signature(question, self.prompt_version)
+            if method == "fitted" and fitted is not None and fitted.questions
+            else None
+        )
         # a file's feature calibrator reads the combined reads: each read is then calibrated by its base only
         calibrator = method == "fitted" and fitted is not None and fitted.uses_calibrator(reads.kind, key)
         read_method = fitted.base_of(reads.kind) if calibrator else method

@@ -25,7 +25,6 @@ from typedlm.decide.calibration import (
     tempered,
 )
 from typedlm.offline.evaldata import Example
-from typedlm.text.prompt import PROMPT_VERSION
 
 MIN_QUESTION_EXAMPLES = 30  # training answers a question needs for parameters of its own
 CALIBRATOR_PENALTY = 1e-2  # L2 on the feature calibrator's weights (not its constant): small data, many sets
@@ -107,7 +106,9 @@ def fit_calibrations(
             r = reading.reads[qid]
             prior = r.priors[0] if r.priors else None
             by_base = {base: calibrate_read(r.kind, r.masses[0], base, prior) for base in bases}
-            rows.append((r.kind, signature(question), by_base, question.gold_index(example.gold[qid])))
+            rows.append(
+                (r.kind, signature(question, decider.prompt_version), by_base, question.gold_index(example.gold[qid]))
+            )
     files = {}
     for base in bases:
         params = {}
@@ -124,7 +125,7 @@ def fit_calibrations(
         counts = {kind: sum(row[0] == kind for row in rows) for kind in ("noul", "choice", "score")}
         info = {**(data or {}), "answers": {k: n for k, n in counts.items() if n}}
         files[base] = CalibrationFile(
-            decider.name, decider.fingerprint, PROMPT_VERSION, base, params, info, per_question
+            decider.name, decider.fingerprint, decider.prompt_version, base, params, info, per_question
         )
     return files
 

@@ -3,6 +3,9 @@
 For each set S: the feature calibrator (`calibration.feature_scaled`) is fitted on the train splits of every
 other set and scored on the held-out split of S: what a user's new question gets. Beside it, on the same
 held-out answers: raw, contextual, and the calibrator fitted on every train split including S's (in-set).
+Two references show what "honest" can mean on a held-out split of a few hundred answers: the calibrator fitted on
+S's own train split only (own set: the same kind of questions, labeled, which a user's new question never has), and
+the ECE a perfectly calibrated model would measure with the left-out calibrator's confidences (`metrics.ece_floor`).
 Everything is computed from recorded readouts (`readouts`), so no model runs here.
 """
 
@@ -14,7 +17,7 @@ from typing import Any
 
 from typedlm.decide.calibration import CALIBRATOR_FEATURES, calibrator_features, feature_scaled
 from typedlm.offline.fitting import fit_calibrators
-from typedlm.offline.metrics import Prediction, summarize
+from typedlm.offline.metrics import Prediction, ece_floor, summarize
 from typedlm.offline.readouts import Readout
 
 Answer = tuple[str, list[float], float, float, int]  # kind, base probabilities, raw mass, disagreement, gold
@@ -56,7 +59,8 @@ def leave_one_set_out(
     balanced: bool = False,
 ) -> dict[str, dict[str, Any]]:
     """Per set: summaries (see `metrics.summarize`) on its `scored` split of raw, contextual, the calibrator fitted
-    on every train split (in-set) and the calibrator fitted on the other sets' train splits (set left out).
+    on every train split (in-set), on its own train split only (own set) and on the other sets' train splits (set
+    left out), and the ECE floor of the last (`metrics.ece_floor`).
     `readouts[set]["train" | "held_out"]`; `use`: the calibrator's features. Variants are chosen with
     `scored="train"` (the left-out set's train split is still unseen by its calibrator) and reported on held_out.
     `base` and `use` may be given per kind (kind → method, kind → features): each kind then has its own variant.
@@ -81,6 +85,13 @@ def leave_one_set_out(
             method: summarize(calibrated(answers_of(held_out, method, reads), {})) for method in ("raw", "contextual")
         }
         rows["calibrated, in-set"] = summarize(calibrated(base_answers, everything))
-        rows["calibrated, set left out"] = summarize(calibrated(base_answers, others))
-        report[name] = {"rows": rows, "calibrators": {"in-set": everything, "set left out": others}}
+        own = fit_calibrators(train[name], use, bases)
+        rows["calibrated, own set"] = summarize(calibrated(base_answers, own))
+        left_out = calibrated(base_answers, others)
+        rows["calibrated, set left out"] = summarize(left_out)
+        report[name] = {
+            "rows": rows,
+            "ece_floor": ece_floor(left_out),
+            "calibrators": {"in-set": everything, "set left out": others, "own set": own},
+        }
     return report

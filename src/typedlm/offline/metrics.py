@@ -19,6 +19,11 @@ and for each kind present ("noul", "choice", "score"), a dict of plain floats/in
 - reliability: one entry per bin, {"lo", "hi", "count", "confidence", "accuracy"}; the last two are
   means over the bin and None for an empty bin. This is the data of the reliability diagram.
 
+`ece_floor` answers "how low can the ECE of these predictions be, measured on this few answers?": the ECE a model
+whose probabilities were exactly right would show with the same confidences, over redrawn outcomes. ECE is a
+biased estimate (each bin's |accuracy − confidence| is positive even when their expectations agree), so on a few
+hundred answers spread over many bins a perfectly calibrated model measures 0.03–0.07.
+
 Probabilities must be finite, non-negative and sum to 1 within 1e-6; a bad prediction is a
 ValueError naming its index. `reliability_plot` draws the diagrams to a PNG with matplotlib's Agg
 canvas (no display, no pyplot); `format_table` renders summaries as a GitHub Markdown table.
@@ -137,6 +142,26 @@ def summarize(
         if m.any():
             out[kind] = _group(conf[m], correct[m], brier[m], nll[m], raw[m], bins, thresholds)
     return out
+
+
+def ece_floor(
+    predictions: Sequence[Prediction], *, bins: int = 15, draws: int = 400, seed: int = 0, at_most: float = 0.05
+) -> dict[str, float]:
+    """The ECE of a perfectly calibrated model with these predictions' confidences: each top answer drawn right
+    with probability its confidence, `draws` times. Returns the mean, the 90th percentile and the share of draws
+    whose ECE is ≤ `at_most` (how often a model that is exactly right would pass that bar on this many answers)."""
+    conf = np.array([max(p.probabilities) for p in predictions])  # [N]
+    rng = np.random.default_rng(seed)
+    which = np.minimum(np.floor(conf * bins).astype(np.int64), bins - 1)  # [N]
+    conf_sums = np.bincount(which, weights=conf, minlength=bins)  # [bins]
+    correct = rng.random((draws, conf.size)) < conf  # [draws, N]
+    right = np.stack([np.bincount(which, weights=row, minlength=bins) for row in correct])  # [draws, bins]
+    eces = np.abs(right - conf_sums).sum(axis=1) / conf.size  # Σ_b n_b/N·|acc_b − conf_b| = Σ_b |right_b − Σc_b|/N
+    return {
+        "mean": float(eces.mean()),
+        "p90": float(np.quantile(eces, 0.9)),
+        f"share_at_most_{at_most:g}": float((eces <= at_most).mean()),
+    }
 
 
 def reliability_plot(summary: Mapping[str, Mapping[str, Any]], path: str | Path, title: str = "Reliability") -> Path:

@@ -74,7 +74,7 @@ def record(
                     example.id,
                     qid,
                     reads.kind,
-                    signature(question),
+                    signature(question, decider.prompt_version),
                     reads.masses,
                     reads.priors,
                     gold,

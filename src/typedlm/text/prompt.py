@@ -34,11 +34,55 @@ from typedlm.core.errors import ModelError
 from typedlm.core.questions import ChoiceQuestion, NoulQuestion, Question, ScoreQuestion, Text
 from typedlm.text.labels import choice_labels, score_labels
 
+
+@dataclass(frozen=True)
+class Wording:
+    """What the model is told besides the document and the question: the system prompt, and each kind's closing
+    instruction. A calibration file records the version it was fitted with (its numbers hold for that one only)."""
+
+    system: str
+    noul: str = "Answer yes or no."
+    choice_letters: str = "Answer with the label of the best option."
+    choice_names: str = "Answer with the name of the best option, exactly as written."
+    score: str = "Answer with the level number."
+
+
+# Prompt versions. "1" is the default; the others are candidates measured against it on the labeled sets' train
+# splits (docs/calibration.md, "Prompt wording"): a model whose shipped calibration was fitted with another version
+# reads with that one.
+WORDINGS = {
+    "1": Wording(
+        "You read a document and answer one question about it. "
+        "Reply with the answer's label only: yes or no, an option's label, or a level number."
+    ),
+    # a reader told to judge by the document alone and to give its best guess where the document is silent
+    "2-system": Wording(
+        "You are a careful reader. Answer the question using only the document. When the document does not "
+        "settle it, give the most likely answer. Reply with the answer's label only: yes or no, an option's "
+        "label, or a level number."
+    ),
+    # the same system prompt; each question ends asking for the label alone, in the words of the system prompt
+    "2-question": Wording(
+        "You read a document and answer one question about it. "
+        "Reply with the answer's label only: yes or no, an option's label, or a level number.",
+        noul="Reply with one word: yes or no.",
+        choice_letters="Reply with the letter of the best option only.",
+        choice_names="Reply with the best option's name only, exactly as written.",
+        score="Reply with the level number only.",
+    ),
+}
 PROMPT_VERSION = "1"
-SYSTEM_PROMPT = (
-    "You read a document and answer one question about it. "
-    "Reply with the answer's label only: yes or no, an option's label, or a level number."
-)
+SYSTEM_PROMPT = WORDINGS[PROMPT_VERSION].system
+
+
+def wording(version: str) -> Wording:
+    """The wording of a prompt version; a `ModelError` naming the known ones for any other."""
+    try:
+        return WORDINGS[version]
+    except KeyError:
+        raise ModelError(f"unknown prompt version {version!r}: one of {', '.join(WORDINGS)}") from None
+
+
 DOCUMENT_OPEN = "<document>\n"
 DOCUMENT_CLOSE = "\n</document>"
 QUESTION_LEAD = "\n\n"
@@ -71,43 +115,43 @@ def _described(name: str, description: Text | None) -> str:
     return f"{name}: {text}" if text else name
 
 
-def _noul_lines(question: NoulQuestion) -> list[str]:
+def _noul_lines(question: NoulQuestion, words: Wording) -> list[str]:
     lines = [f"Question: {render_text(question.instructions) or 'Is this true of the document?'}"]
     if question.true is not None:
         lines.append(f"Answer yes if: {render_text(question.true)}")
     if question.false is not None:
         lines.append(f"Answer no if: {render_text(question.false)}")
-    lines.append("Answer yes or no.")
+    lines.append(words.noul)
     return lines
 
 
-def _choice_lines(question: ChoiceQuestion) -> list[str]:
+def _choice_lines(question: ChoiceQuestion, words: Wording) -> list[str]:
     lines = [f"Question: {render_text(question.instructions) or 'Which option fits the document best?'}"]
     lines.append("Options:")
     if question.by_name:  # answered by the option's own name (see ChoiceQuestion.by_name)
         lines += [f"- {_described(name, desc)}" for name, desc in question.options]
-        lines.append("Answer with the name of the best option, exactly as written.")
+        lines.append(words.choice_names)
         return lines
     labels = choice_labels(len(question.options))
     lines += [f"{label}) {_described(name, desc)}" for label, (name, desc) in zip(labels, question.options)]
-    lines.append("Answer with the label of the best option.")
+    lines.append(words.choice_letters)
     return lines
 
 
-def _score_lines(question: ScoreQuestion) -> list[str]:
+def _score_lines(question: ScoreQuestion, words: Wording) -> list[str]:
     lines = [f"Question: {render_text(question.instructions) or 'Rate the document on this scale.'}"]
     lines.append("Levels:")
     lines += [f"{i}: {render_text(level)}" for i, level in zip(score_labels(len(question.levels)), question.levels)]
-    lines.append("Answer with the level number.")
+    lines.append(words.score)
     return lines
 
 
 _QUESTION_LINES = {"noul": _noul_lines, "choice": _choice_lines, "score": _score_lines}  # by question kind
 
 
-def question_block(question: Question) -> str:
-    """The question as the model reads it: text, options or levels, and the answer format."""
-    return "\n".join(_QUESTION_LINES[question.kind](question))
+def question_block(question: Question, version: str = PROMPT_VERSION) -> str:
+    """The question as the model reads it: text, options or levels, and the answer format (in `version`'s words)."""
+    return "\n".join(_QUESTION_LINES[question.kind](question, wording(version)))
 
 
 def common_prefix_length(first: Sequence[int], *others: Sequence[int]) -> int:
@@ -160,10 +204,11 @@ class TokenizedPrompt:
 class ChatLayout:
     """The chat template cut into its fixed pieces: head, document close, and answer opening."""
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer, version: str = PROMPT_VERSION):
         self._tokenizer = tokenizer
+        self.version = version  # the prompt version (see `WORDINGS`)
         messages = [
-            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "system", "content": wording(version).system},
             {"role": "user", "content": f"{DOCUMENT_OPEN}{_STATE}{DOCUMENT_CLOSE}{_QUESTION}"},
         ]
         template = tokenizer.chat_template if getattr(tokenizer, "chat_template", None) else _PLAIN_TEMPLATE
@@ -218,7 +263,7 @@ class ChatLayout:
         return text
 
     def _render_suffix(self, question: Question) -> str:
-        return f"{QUESTION_LEAD}{self.defuse(question_block(question))}{self.answer_opening}"
+        return f"{QUESTION_LEAD}{self.defuse(question_block(question, self.version))}{self.answer_opening}"
 
     def tokenize(self, state: Text, questions: Sequence[Question]) -> TokenizedPrompt:
         """Token ids of the shared prefix and of each question's suffix; prefix + suffix == ids of the whole.
