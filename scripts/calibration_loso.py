@@ -44,6 +44,7 @@ from typedlm.text.prompt import PROMPT_VERSION, WORDINGS
 READS = 3  # option orders recorded per choice/score question; fewer are read from them
 READS_MARGIN = 0.01  # order reads cost up to 2.3x one read: they are turned on only if they lower the score this much
 ACCURACY_SLACK = 0.01  # a variant may lower no set's accuracy (of a kind) below raw's by more than this
+FALLBACK_VARIANT = "raw, temperature"  # where none is eligible: it never moves a top answer
 
 
 def _by_kind(summary: dict, key: str) -> dict[str, float]:
@@ -152,12 +153,12 @@ def main() -> int:
                 )
                 print(f"  {setting}, {label:<50} {line}", flush=True)
 
-    def best(by_label: dict[str, dict[str, dict[str, float]]], kind: str) -> str:
+    def best(by_label: dict[str, dict[str, dict[str, float]]], kind: str) -> str | None:
+        """The eligible variant with the lowest score (then log loss); None where none is eligible."""
         eligible = [label for label in by_label if by_label[label].get(kind, {}).get("eligible")]
-        return min(
-            eligible or ["raw, temperature"],
-            key=lambda label: (by_label[label][kind]["score"], by_label[label][kind]["nll"]),
-        )
+        if not eligible:
+            return None
+        return min(eligible, key=lambda label: (by_label[label][kind]["score"], by_label[label][kind]["nll"]))
 
     def variant_of(label: str) -> tuple[str, str]:
         """(how choice options are answered, the calibrator variant) of a selection label."""
@@ -170,11 +171,14 @@ def main() -> int:
         answering by name may be far more accurate (Qwen 0.5B on bbc_news: 0.30 by letter, 0.76 by name)."""
         ways = {variant_of(label)[0] for label in by_label if "choice" in by_label[label]}
         candidates = [best({k: v for k, v in by_label.items() if variant_of(k)[0] == way}, "choice") for way in ways]
+        candidates = [label for label in candidates if label is not None]  # a way with no eligible variant is out
+        if not candidates:
+            return FALLBACK_VARIANT
         return min(candidates, key=lambda label: by_label[label]["choice"]["nll"])
 
     plans = {
         setting: {
-            kind: best_choice(by_label) if kind == "choice" else best(by_label, kind)
+            kind: best_choice(by_label) if kind == "choice" else best(by_label, kind) or FALLBACK_VARIANT
             for kind in next(iter(by_label.values()))
         }
         for setting, by_label in selection.items()
