@@ -7,9 +7,11 @@
 Readouts (every answer's label masses for 3 option orders and their content-free priors) are recorded once per
 set and split into --readouts (JSONL) and reused by later runs. Then:
 1. per question kind, the variant (base raw or contextual, one temperature or the feature calibrator, with or
-   without a bias on yes for noul) is chosen on train splits: each set's calibrator fitted on the other sets'
-   train splits, scored on its own train split. Eligible are the variants that lower no set's accuracy below raw's
-   by more than ACCURACY_SLACK (raw with one temperature never changes a top answer, so one always is); among
+   without a bias on yes for noul, and on the raw base with or without a prior weight: a share of the content-free
+   prior divided out, fitted between raw's 0 and contextual's 1) is chosen on train splits: each set's calibrator
+   fitted on the other sets' train splits, scored on its own train split. Eligible are the variants that lower no
+   set's accuracy below raw's by more than ACCURACY_SLACK (raw with one temperature never changes a top answer, so
+   one always is); among
    them the lowest mean + worst ECE over the sets that ask that kind wins (worst: every set must be honest, not
    the average). Each variant is fitted with every answer weighing the same and with every set weighing the
    same; 3 order reads instead of 1 only where they lower that score by READS_MARGIN. With --name-readouts, choice
@@ -117,8 +119,9 @@ def main() -> int:
     # 1. choose, per question kind, the variant on train splits: each set's calibrator is fitted without it and
     #    scored on its own train split; the kind's score is its mean ECE over the sets that ask it (then NLL)
     variants = {
-        f"{base}, {label}": (base, use)
+        f"{base}, {label}{', prior weight' * with_prior}": (base, (*use, *("prior_weight",) * with_prior))
         for base in ("raw", "contextual")
+        for with_prior in ((False, True) if base == "raw" else (False,))  # contextual divides the whole prior out
         for label, use in (
             ("temperature", ("bias",)),
             ("features", CALIBRATOR_FEATURES),

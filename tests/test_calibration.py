@@ -192,6 +192,45 @@ def test_fitting_the_calibrator_recovers_a_temperature_that_depends_on_raw_mass(
     assert "bias" not in params
 
 
+def test_a_prior_weight_divides_out_that_share_of_the_content_free_prior():
+    from typedlm.decide.calibration import calibrator_features, contextual, feature_scaled
+
+    probs, prior = [0.6, 0.3, 0.1], [0.7, 0.2, 0.1]
+    phi = calibrator_features(probs, 1.0, 0.0)
+    one = {"weights": [0.0] * len(phi), "prior_weight": 1.0}  # all of it, at T = 1: contextual calibration
+    assert feature_scaled("choice", probs, one, phi, prior) == pytest.approx(contextual(probs, prior))
+    half = {"weights": [math.log(2), 0, 0, 0, 0], "prior_weight": 0.5}  # p ∝ (p / q^0.5)^(1/2), by hand
+    want = np.sqrt(np.array(probs) / np.sqrt(prior))
+    assert feature_scaled("choice", probs, half, phi, prior) == pytest.approx(want / want.sum())
+    assert np.argmax(feature_scaled("choice", probs, one, phi, prior)) == 1  # unlike a temperature, it may move
+    with pytest.raises(AssertionError, match="content-free prior"):
+        feature_scaled("choice", probs, one, phi)
+    file = CalibrationFile("m", "f" * 16, "1", "raw", {}, calibrator={"noul": {"weights": [0.0] * 5}})
+    assert not file.needs_prior
+    file.calibrator["noul"]["prior_weight"] = 0.4
+    assert file.needs_prior
+
+
+def test_fitting_the_calibrator_recovers_how_much_of_the_prior_is_bias():
+    from typedlm.decide.calibration import calibrator_features
+    from typedlm.offline.fitting import fit_calibrator
+
+    # a reader whose answers carry its label prior q to the power 0.6 on top of the truth: p ∝ truth · q^0.6
+    rng = np.random.default_rng(1)
+    probs, priors, features, gold = [], [], [], []
+    for _ in range(4000):
+        true, q = rng.dirichlet(np.ones(3)), rng.dirichlet(np.ones(3))
+        base = true * q**0.6 / (true * q**0.6).sum()
+        probs.append(base.tolist())
+        priors.append(q.tolist())
+        features.append(calibrator_features(base, 1.0, 0.0))
+        gold.append(int(rng.choice(3, p=true)))
+    params = fit_calibrator("choice", probs, features, gold, ("bias", "prior_weight"), priors=priors)
+    assert params["prior_weight"] == pytest.approx(0.6, abs=0.1), params
+    assert params["weights"][0] == pytest.approx(0.0, abs=0.1), "no temperature beyond the prior"
+    assert "prior_weight" not in fit_calibrator("choice", probs, features, gold, ("bias",))
+
+
 def test_a_file_with_a_calibrator_round_trips_and_older_files_still_load(tmp_path):
     import json
 

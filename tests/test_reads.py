@@ -133,6 +133,28 @@ def test_a_calibrator_reads_its_kind_by_its_own_base(decider, tokenizer):
     assert got == pytest.approx(want, abs=1e-12)
 
 
+def test_a_calibrator_with_a_prior_weight_reads_the_priors_of_the_same_reads(decider, tokenizer):
+    from typedlm.decide.calibration import calibrator_features, combine, combined_prior, feature_scaled
+
+    calibrator = {"choice": {"weights": [0.2, 0, 0, 0, 0], "prior_weight": 0.7, "base": "raw"}}
+    file = CalibrationFile("tiny", decider.fingerprint, PROMPT_VERSION, "raw", {}, calibrator=calibrator)
+    assert file.needs_prior
+    r = decider.read(STATE, QUESTIONS, order_reads=3, contextual=True).reads["topic"]
+    base, _, agreement = combine([normalised(m) for m in r.masses])
+    prior = combine([normalised(p) for p in r.priors])[0]
+    assert combined_prior(r.priors) == pytest.approx(prior)
+    mass = sum(min(1.0, sum(m)) for m in r.masses) / len(r.masses)
+    phi = calibrator_features(base, mass, 1 - agreement)
+    want = feature_scaled("choice", base, calibrator["choice"], phi, prior)
+    got = list(decider.answer(TOPIC, r, "fitted", file).probabilities.values())
+    assert got == pytest.approx(want, abs=1e-12)
+    # served: a decider with the file reads the content-free priors itself (they are cached per question text)
+    model = LoadedModel(tiny_model("qwen3", len(tokenizer), seed=5), tokenizer, "tiny-qwen3")
+    served = Decider(model, calibration="fitted", calibration_file=file)
+    answer = served.decide(STATE, {"topic": TOPIC}, order_reads=3).answers["topic"]
+    assert list(answer.probabilities.values()) == pytest.approx(want, abs=1e-6)
+
+
 def test_a_file_shipped_for_the_model_is_the_default_only_for_its_own_weights(decider, tokenizer, monkeypatch):
     from typedlm.decide import decider as decider_module
 

@@ -84,7 +84,9 @@ def tempered(probs: Sequence[float], temperature: float, bias: Sequence[float] |
 
 
 # The feature calibrator: one temperature per answer, chosen from what the readout itself shows, so that it carries
-# over to questions nobody labeled. p ∝ p_base^(1/T)·e^(b·[answer is yes]) with log T = w·φ, φ below.
+# over to questions nobody labeled. p ∝ (p_base / q^β)^(1/T)·e^(b·[answer is yes]) with log T = w·φ, φ below; q is
+# the content-free prior and β ("prior_weight", 0 where absent) how much of it is divided out: 0 reads the base as
+# it is, 1 is contextual calibration, and a fit between them learns how much of the model's label prior is bias.
 CALIBRATOR_FEATURES = ("bias", "log_raw_mass", "entropy", "log_answers", "disagreement")
 LOG_T_BOUNDS = (-3.0, 6.0)  # T in [0.05, 400]: from sharpening to all but uniform
 
@@ -97,13 +99,28 @@ def calibrator_features(probs: Sequence[float], raw_mass: float, disagreement: f
     return [1.0, math.log(max(raw_mass, FLOOR)), entropy, math.log(n), disagreement]
 
 
-def feature_scaled(kind: str, probs: Sequence[float], params: dict[str, Any], features: Sequence[float]) -> list[float]:
-    """The base probabilities at the temperature the features give (see `CALIBRATOR_FEATURES`); for noul a bias
-    on yes too. The top answer never changes for choice and score."""
+def feature_scaled(
+    kind: str,
+    probs: Sequence[float],
+    params: dict[str, Any],
+    features: Sequence[float],
+    prior: Sequence[float] | None = None,
+) -> list[float]:
+    """The base probabilities at the temperature the features give (see `CALIBRATOR_FEATURES`), with the share
+    "prior_weight" of the content-free `prior` divided out where the calibrator has one; for noul a bias on yes
+    too. Without a prior weight the top answer never changes for choice and score."""
     log_t = min(
         max(sum(w * x for w, x in zip(params["weights"], features, strict=True)), LOG_T_BOUNDS[0]), LOG_T_BOUNDS[1]
     )
-    logits = [math.log(max(p, FLOOR)) / math.exp(log_t) for p in probs]
+    beta = params.get("prior_weight", 0.0)
+    if beta:
+        assert prior is not None and len(prior) == len(probs), "a prior weight needs the content-free prior"
+        logits = [
+            (math.log(max(p, FLOOR)) - beta * math.log(max(q, FLOOR))) / math.exp(log_t)
+            for p, q in zip(probs, prior, strict=True)
+        ]
+    else:
+        logits = [math.log(max(p, FLOOR)) / math.exp(log_t) for p in probs]
     if kind == "noul":
         logits[0] += params.get("bias", 0.0)
     top = max(logits)
@@ -141,12 +158,24 @@ class CalibrationFile:
 
     @property
     def needs_prior(self) -> bool:
-        """Whether any answer this file calibrates is read contextually (so the content-free priors are needed)."""
-        return "contextual" in {self.base, *(params.get("base", self.base) for params in self.calibrator.values())}
+        """Whether any answer this file calibrates is read contextually or divides out a share of the content-free
+        prior (so the content-free priors are needed)."""
+        bases = {self.base, *(params.get("base", self.base) for params in self.calibrator.values())}
+        return "contextual" in bases or any(params.get("prior_weight") for params in self.calibrator.values())
 
-    def calibrate(self, kind: str, probs: Sequence[float], raw_mass: float, disagreement: float) -> list[float]:
-        """The feature calibrator on an answer's base probabilities (its reads calibrated by `base`, averaged)."""
-        return feature_scaled(kind, probs, self.calibrator[kind], calibrator_features(probs, raw_mass, disagreement))
+    def calibrate(
+        self,
+        kind: str,
+        probs: Sequence[float],
+        raw_mass: float,
+        disagreement: float,
+        prior: Sequence[float] | None = None,
+    ) -> list[float]:
+        """The feature calibrator on an answer's base probabilities (its reads calibrated by `base`, averaged);
+        `prior`: the same reads' content-free prior (`combined_prior`), needed where the calibrator has a prior
+        weight."""
+        params = self.calibrator[kind]
+        return feature_scaled(kind, probs, params, calibrator_features(probs, raw_mass, disagreement), prior)
 
     def apply(self, kind: str, probs: Sequence[float], question: str | None = None) -> list[float]:
         """Calibrated probabilities: the question's own parameters (by signature) if known, else its type's."""
@@ -273,6 +302,13 @@ def calibrate_reads(
     each = [calibrate_read(kind, m, method, p, fitted, question) for m, p in zip(masses, priors, strict=True)]
     probs, stderr, agreement = combine(each)
     return probs, sum(map(raw_mass, masses)) / len(masses), stderr, agreement
+
+
+def combined_prior(priors: Sequence[Sequence[float]], lengths: Sequence[int] | None = None) -> list[float]:
+    """The content-free prior of an answer's reads, as its base probabilities are combined: each read's prior
+    normalised (length-normalised first with `lengths`, as `calibrate_reads`), then averaged."""
+    each = [normalised(per_token(p, lengths) if lengths is not None else p) for p in priors]
+    return each[0] if len(each) == 1 else combine(each)[0]
 
 
 def combine(reads: Sequence[Sequence[float]]) -> tuple[list[float], float, float]:

@@ -49,6 +49,7 @@ from typedlm.decide.calibration import (
     DEFAULT_CALIBRATION,
     CalibrationFile,
     calibrate_reads,
+    combined_prior,
     shipped_calibration,
     signature,
 )
@@ -391,7 +392,8 @@ class Decider:
         )
         extras = {"stderr": stderr, "agreement": agreement, "reads": len(reads.masses)} if len(reads.masses) > 1 else {}
         if calibrator:
-            probs = fitted.calibrate(reads.kind, probs, mass, 1.0 - agreement)
+            prior = combined_prior(reads.priors, lengths) if reads.priors else None
+            probs = fitted.calibrate(reads.kind, probs, mass, 1.0 - agreement, prior)
         return question.answer(probs, mass, extras)
 
     def decide(

@@ -147,18 +147,27 @@ def fit_calibrator(
     gold: Sequence[int],
     use: Sequence[str] = CALIBRATOR_FEATURES,
     weights: Sequence[float] | None = None,
+    priors: Sequence[Sequence[float]] | None = None,
 ) -> dict[str, Any]:
     """The feature calibrator of one question kind (see `calibration.feature_scaled`): the weights w of
     log T = w·φ, and for noul a bias on yes, minimising the NLL of `gold` with a light L2 on w (not its constant).
     Features not in `use` keep weight 0 (`use=("bias",)`: one temperature per kind); noul's bias on yes is fitted
     only where `use` holds "yes_bias" (the share of yes answers differs from question to question, so a bias learned
-    on some questions need not carry over to others). `weights`: one per answer (default: equal)."""
+    on some questions need not carry over to others), the prior weight β in [0, 1] only where it holds
+    "prior_weight" (then `priors`, each answer's content-free prior, are needed). `weights`: one per answer
+    (default: equal)."""
     from scipy.optimize import minimize
 
     width = max(len(p) for p in probs)
     logp = np.full((len(probs), width), -np.inf)  # [N, n_max]: answers past a row's own count never exist
     for i, p in enumerate(probs):
         logp[i, : len(p)] = np.log(np.maximum(np.asarray(p, dtype=np.float64), FLOOR))
+    with_prior = "prior_weight" in use
+    logq = np.zeros_like(logp)  # [N, n_max]
+    if with_prior:
+        assert priors is not None and len(priors) == len(probs), "a prior weight is fitted from the priors"
+        for i, q in enumerate(priors):
+            logq[i, : len(q)] = np.log(np.maximum(np.asarray(q, dtype=np.float64), FLOOR))
     phi, gold_index, rows = np.asarray(features, dtype=np.float64), np.asarray(gold), np.arange(len(probs))
     dims = len(CALIBRATOR_FEATURES)
     noul = kind == "noul" and "yes_bias" in use
@@ -167,27 +176,31 @@ def fit_calibrator(
 
     def loss(x: np.ndarray) -> float:
         log_t = np.clip(phi @ x[:dims], *LOG_T_BOUNDS)  # [N]
-        logits = logp / np.exp(log_t)[:, None]
+        logits = (logp - x[dims] * logq) / np.exp(log_t)[:, None]  # [N, n_max]
         if noul:
-            logits[:, 0] += x[dims]
+            logits[:, 0] += x[dims + 1]
         nll = np.logaddexp.reduce(logits, axis=1) - logits[rows, gold_index]
         return float(nll @ w + CALIBRATOR_PENALTY * (x[1:dims] ** 2).sum())
 
-    bounds = [(None, None) if name in use else (0.0, 0.0) for name in CALIBRATOR_FEATURES] + [(None, None)] * noul
-    result = minimize(loss, np.zeros(dims + noul), method="L-BFGS-B", bounds=bounds)
+    bounds = [(None, None) if name in use else (0.0, 0.0) for name in CALIBRATOR_FEATURES]
+    bounds += [(0.0, 1.0) if with_prior else (0.0, 0.0)] + [(None, None)] * noul
+    result = minimize(loss, np.zeros(dims + 1 + noul), method="L-BFGS-B", bounds=bounds)
     params: dict[str, Any] = {"weights": [float(w) for w in result.x[:dims]]}
+    if with_prior:
+        params["prior_weight"] = float(result.x[dims])
     if noul:
-        params["bias"] = float(result.x[dims])
+        params["bias"] = float(result.x[dims + 1])
     return params
 
 
 def fit_calibrators(
-    answers: Sequence[tuple[str, Sequence[float], float, float, int]],
+    answers: Sequence[Any],
     use: Sequence[str] | Mapping[str, Sequence[str]] = CALIBRATOR_FEATURES,
     bases: Mapping[str, str] | None = None,
     weights: Sequence[float] | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """Feature calibrators per kind from answers (kind, base probabilities, raw mass, disagreement, gold).
+    """Feature calibrators per kind from answers (`loso.Answer`: kind, base probabilities, raw mass, disagreement,
+    gold, content-free prior).
 
     `use`: the features, for every kind or per kind; `bases`: the method each kind's answers were read by, recorded
     in its calibrator as "base" (see `CalibrationFile.base_of`); `weights`: one per answer (default: equal)."""
@@ -197,13 +210,15 @@ def fit_calibrators(
         mine = [a for a in answers if a[0] == kind]
         mine_weights = [w for a, w in zip(answers, weights, strict=True) if a[0] == kind]
         if mine:
+            kind_use = use[kind] if isinstance(use, Mapping) else use
             out[kind] = fit_calibrator(
                 kind,
-                [a[1] for a in mine],
-                [calibrator_features(a[1], a[2], a[3]) for a in mine],
-                [a[4] for a in mine],
-                use[kind] if isinstance(use, Mapping) else use,
+                [a.probs for a in mine],
+                [calibrator_features(a.probs, a.mass, a.disagreement) for a in mine],
+                [a.gold for a in mine],
+                kind_use,
                 mine_weights,
+                [a.prior for a in mine] if "prior_weight" in kind_use else None,
             )
             if bases is not None:
                 out[kind]["base"] = bases[kind]

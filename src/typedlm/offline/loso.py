@@ -13,30 +13,42 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from typedlm.decide.calibration import CALIBRATOR_FEATURES, calibrator_features, feature_scaled
 from typedlm.offline.fitting import fit_calibrators
 from typedlm.offline.metrics import Prediction, ece_floor, summarize
 from typedlm.offline.readouts import Readout
 
-Answer = tuple[str, list[float], float, float, int]  # kind, base probabilities, raw mass, disagreement, gold
+
+class Answer(NamedTuple):
+    """One recorded answer as a calibrator sees it."""
+
+    kind: str
+    probs: list[float]  # base probabilities
+    mass: float  # raw mass
+    disagreement: float  # share of order reads that disagree with the combined top answer
+    gold: int
+    prior: list[float] | None = None  # the content-free prior, combined like the base (for a prior weight)
 
 
 def answers_of(readouts: Sequence[Readout], method: str | Mapping[str, str], reads: int | None = None) -> list[Answer]:
     """Each readout's base probabilities under `method` (one, or one per kind) from its first `reads` reads, with
-    its features' inputs."""
-    return [(r.kind, *r.base(method if isinstance(method, str) else method[r.kind], reads), r.gold) for r in readouts]
+    its features' inputs and its content-free prior."""
+    return [
+        Answer(r.kind, *r.base(method if isinstance(method, str) else method[r.kind], reads), r.gold, r.prior(reads))
+        for r in readouts
+    ]
 
 
 def calibrated(answers: Sequence[Answer], calibrators: Mapping[str, dict[str, Any]]) -> list[Prediction]:
     """Predictions of answers through the calibrators (an answer of a kind without one keeps its base)."""
     out = []
-    for kind, probs, mass, disagreement, gold in answers:
-        params = calibrators.get(kind)
+    for a in answers:
+        probs, params = a.probs, calibrators.get(a.kind)
         if params is not None:
-            probs = feature_scaled(kind, probs, params, calibrator_features(probs, mass, disagreement))
-        out.append(Prediction(kind, tuple(probs), gold, mass))
+            probs = feature_scaled(a.kind, probs, params, calibrator_features(probs, a.mass, a.disagreement), a.prior)
+        out.append(Prediction(a.kind, tuple(probs), a.gold, a.mass))
     return out
 
 

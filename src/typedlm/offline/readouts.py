@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from typedlm.core.questions import parse_questions, parse_state
-from typedlm.decide.calibration import calibrate_reads, signature
+from typedlm.decide.calibration import calibrate_reads, combined_prior, signature
 from typedlm.offline.evaldata import Example
 
 
@@ -45,6 +45,11 @@ class Readout:
             self.kind, self.masses[:reads], self.priors[:reads], method, lengths=lengths
         )
         return probs, mass, 1.0 - agreement
+
+    def prior(self, reads: int | None = None) -> list[float]:
+        """The content-free prior of this answer's first `reads` reads, combined as the decider combines them for a
+        calibrator's prior weight (`calibration.combined_prior`)."""
+        return combined_prior(self.priors[:reads], self.lengths if self.length_normalised else None)
 
 
 def record(
