@@ -101,13 +101,19 @@ def main() -> int:
         help="folder of choice readouts with options answered by name (made if missing): choice questions then "
         "compare letters, names and names per token",
     )
+    parser.add_argument(
+        "--select-only",
+        action="store_true",
+        help="train splits only: choose the variant and write its selection scores (to compare prompt versions, "
+        "each with its own readouts), no held-out report, no calibration file",
+    )
     args = parser.parse_args()
     decider = Decider.load(args.model, calibration="raw", prompt_version=args.prompt_version)
     folder = Path(args.readouts)
     readouts = {}
     for name in args.sets:
         readouts[name] = {}
-        for split in ("train", "held_out"):
+        for split in ("train",) if args.select_only else ("train", "held_out"):
             path = folder / f"{name}.{split}.jsonl"
             if not path.is_file():
                 save(path, record(decider, load_examples(name, split, args.limit, 0), name, args.order_reads))
@@ -141,13 +147,19 @@ def main() -> int:
     for setting, (reads, balanced) in settings.items():
         selection[setting] = {}
         for answers_by, by_format in formats.items():
+            if answers_by != "letters":  # another way of answering choice questions: only their answers are fitted
+                by_format = {
+                    name: {split: [r for r in rows if r.kind == "choice"] for split, rows in splits.items()}
+                    for name, splits in by_format.items()
+                    if any(r.kind == "choice" for r in splits["train"])
+                }
             for variant, (base, use) in variants.items():
+                if answers_by != "letters" and "yes_bias" in use:  # a bias on yes changes no choice answer
+                    continue
                 result = leave_one_set_out(by_format, base, reads, use, scored="train", balanced=balanced)
                 if not reference:  # raw, letters, one read: the accuracy floor's reference
                     reference = {name: _by_kind(entry["rows"]["raw"], "accuracy") for name, entry in result.items()}
                 scores = _kind_scores(result, reference)
-                if answers_by != "letters":  # another way of answering choice questions: only their scores change
-                    scores = {kind: v for kind, v in scores.items() if kind == "choice"}
                 label = variant if answers_by == "letters" else f"{answers_by}: {variant}"
                 selection[setting][label] = scores
                 line = "  ".join(
@@ -201,6 +213,19 @@ def main() -> int:
         + ", ".join(f"{s} {v:.3f}" for s, v in score.items())
         + ")"
     )
+    if args.select_only:
+        _write(
+            args.out,
+            {
+                "model": decider.name,
+                "prompt_version": args.prompt_version,
+                "selection": selection,
+                "chosen": chosen,
+                "score": score[setting],
+                "raw_accuracy": reference,
+            },
+        )
+        return 0
     # 2. report it on the held-out splits
     result = leave_one_set_out(readouts, bases, reads, uses, scored="held_out", balanced=balanced)
     print(f"\n{decider.name}, {chosen}, held-out splits\n")
@@ -231,9 +256,7 @@ def main() -> int:
         "variants": plan,
         "held_out": result,
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    _write(args.out, report)
     if args.calibration_file:
         by_set = {name: answers_of(splits["train"], bases, reads) for name, splits in readouts.items()}
         train = [a for answers in by_set.values() for a in answers]
@@ -260,6 +283,12 @@ def main() -> int:
         file.save(args.calibration_file)
         print(f"wrote {args.calibration_file}", file=sys.stderr)
     return 0
+
+
+def _write(path: str, report: dict) -> None:
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
 
 
 def _named(args: argparse.Namespace, readouts: dict) -> dict[str, dict]:
