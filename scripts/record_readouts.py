@@ -1,0 +1,102 @@
+"""Readouts recorded on another machine (a GPU without the labeled sets' packages), many in parallel.
+
+1. Where the sets are installed, write their class-balanced samples as JSONL (one file per set and split):
+
+    python scripts/record_readouts.py export --sets rotten_tomatoes bbc_news ... --limit 300 --out eval/examples
+
+2. Where the model runs (the examples folder and the model file carried over), record every file's readouts by
+   letter, and by name for files with choice questions, in `--workers` processes (a GPU is mostly idle under one
+   process that reads one example at a time); `--prompt-versions` adds other wordings' train splits:
+
+    python scripts/record_readouts.py record --model MODEL.gguf --examples eval/examples --out eval/readouts/m \
+        --device cuda --workers 14 [--prompt-versions 1 2-system 2-question]
+
+   Readouts go to OUT/VERSION-letters/SET.SPLIT.jsonl and OUT/VERSION-names/SET.SPLIT.jsonl, the folders that
+   `calibration_loso.py --readouts` and `--name-readouts` read (3 order reads, as it records them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+ORDER_READS = 3  # as calibration_loso.py records them
+
+
+def export(args: argparse.Namespace) -> None:
+    from typedlm.offline.evaluate import load_examples
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in args.sets:
+        for split in ("train", "held_out"):
+            examples = load_examples(name, split, args.limit, 0)
+            with (out / f"{name}.{split}.jsonl").open("w", encoding="utf-8") as f:
+                f.writelines(json.dumps(example.to_json()) + "\n" for example in examples)
+            print(f"{name} {split}: {len(examples)} examples")
+
+
+def _record_one(job: tuple[str, str, str, str, str, str, str]) -> str:
+    """One file's readouts in a process of its own (one thread: the processes share the cores)."""
+    import torch
+
+    from typedlm import Decider
+    from typedlm.offline.evaluate import load_examples
+    from typedlm.offline.readouts import record, save
+
+    model, device, path, way, version, out, name = job
+    torch.set_num_threads(1)
+    start = time.perf_counter()
+    options = {"choice_answers": "names"} if way == "names" else {}
+    decider = Decider.load(model, device=device, dtype="float32", calibration="raw", prompt_version=version, **options)
+    rows = record(decider, load_examples(path, "all"), name, ORDER_READS, kinds=("choice",) if way == "names" else None)
+    save(Path(out) / f"{version}-{way}" / Path(path).name, rows)
+    return f"{Path(path).name} {version}-{way}: {len(rows)} readouts, {time.perf_counter() - start:.0f} s"
+
+
+def record_all(args: argparse.Namespace) -> None:
+    from typedlm import Decider
+
+    Decider.load(args.model, device=args.device, dtype="float32")  # a GGUF is converted once, before the workers
+    jobs = []
+    for version in args.prompt_versions:
+        for path in sorted(Path(args.examples).glob("*.jsonl")):
+            name, split = path.stem.split(".")
+            if version != args.prompt_versions[0] and split != "train":  # other wordings are compared on train
+                continue
+            examples = [json.loads(line) for line in path.open(encoding="utf-8")]
+            has_choice = any(q.get("type") == "choice" for e in examples for q in e["questions"].values())
+            for way in ("letters", "names") if has_choice else ("letters",):
+                if not (Path(args.out) / f"{version}-{way}" / path.name).is_file():
+                    jobs.append((args.model, args.device, str(path), way, version, args.out, name))
+    jobs.sort(key=lambda job: -Path(job[2]).stat().st_size)  # the longest first, so the pool ends together
+    context = multiprocessing.get_context("spawn")  # CUDA cannot be used in a forked process
+    with ProcessPoolExecutor(args.workers, mp_context=context) as pool:
+        for line in pool.map(_record_one, jobs):
+            print(line, flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    exporting = commands.add_parser("export", help="write the sets' samples as JSONL")
+    exporting.add_argument("--sets", nargs="+", required=True)
+    exporting.add_argument("--limit", type=int, default=300, help="examples per set and split")
+    exporting.add_argument("--out", required=True)
+    recording = commands.add_parser("record", help="record readouts from exported samples")
+    recording.add_argument("--model", required=True)
+    recording.add_argument("--examples", required=True)
+    recording.add_argument("--out", required=True)
+    recording.add_argument("--device", default="cuda")
+    recording.add_argument("--workers", type=int, default=8)
+    recording.add_argument("--prompt-versions", nargs="+", default=["1"], help="the first: every split; others: train")
+    args = parser.parse_args()
+    export(args) if args.command == "export" else record_all(args)
+
+
+if __name__ == "__main__":
+    main()
