@@ -6,17 +6,16 @@
 
 Readouts (every answer's label masses for 3 option orders and their content-free priors) are recorded once per
 set and split into --readouts (JSONL) and reused by later runs. Then:
-1. per question kind, the variant (base raw or contextual, one temperature or the feature calibrator, with or
-   without a bias on yes for noul, and on the raw base with or without a prior weight: a share of the content-free
-   prior divided out, fitted between raw's 0 and contextual's 1) is chosen on train splits: each set's calibrator
-   fitted on the other sets' train splits, scored on its own train split. Eligible are the variants that lower no
-   set's accuracy below raw's by more than ACCURACY_SLACK (raw with one temperature never changes a top answer, so
-   one always is); among
-   them the lowest mean + worst ECE over the sets that ask that kind wins (worst: every set must be honest, not
-   the average). Each variant is fitted with every answer weighing the same and with every set weighing the
-   same; 3 order reads instead of 1 only where they lower that score by READS_MARGIN. With --name-readouts, choice
-   questions are also read with their options answered by name (with and without length normalisation): the best
-   variant of each way, by the rule above, and of those the one with the lowest log loss (ECE cannot tell an
+1. per question kind, the variant (base raw or contextual, one temperature or the feature calibrator, with or without
+   a bias on yes for noul, and on the raw base with or without a prior weight: a share of the content-free prior
+   divided out, fitted between raw's 0 and contextual's 1) is chosen on train splits: each set's calibrator fitted on
+   the other sets' train splits, scored on its own train split. Eligible are the variants that lower no set's
+   accuracy below raw's by more than ACCURACY_SLACK (raw with one temperature never changes a top answer, so one
+   always is); among them the lowest mean + worst ECE over the sets that ask that kind wins (worst: every set must be
+   honest, not the average). Each variant is fitted with every answer weighing the same and with every set weighing
+   the same; 3 order reads instead of 1 only where they lower that score by READS_MARGIN. With --name-readouts,
+   choice questions are also read with their options answered by name (with and without length normalisation): the
+   best variant of each way, by the rule above, and of those the one with the lowest log loss (ECE cannot tell an
    accurate reader from one at chance);
 2. the chosen variant is reported on the held-out splits: raw, contextual, fitted in-set, fitted on the set's own
    train split only, fitted with the set left out (accuracy, ECE, Brier), and the ECE a perfectly calibrated model
