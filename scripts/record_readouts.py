@@ -95,7 +95,10 @@ def main() -> None:
     recording.add_argument("--workers", type=int, default=8)
     recording.add_argument("--prompt-versions", nargs="+", default=["1"], help="the first: every split; others: train")
     args = parser.parse_args()
-    export(args) if args.command == "export" else record_all(args)
+    if args.command == "export":
+        export(args)
+    else:
+        record_all(args)
 
 
 if __name__ == "__main__":

@@ -142,7 +142,7 @@ def test_a_calibrator_with_a_prior_weight_reads_the_priors_of_the_same_reads(dec
     r = decider.read(STATE, QUESTIONS, order_reads=3, contextual=True).reads["topic"]
     base, _, agreement = combine([normalised(m) for m in r.masses])
     prior = combine([normalised(p) for p in r.priors])[0]
-    assert combined_prior(r.priors) == pytest.approx(prior)
+    assert combined_prior("choice", r.priors) == pytest.approx(prior)
     mass = sum(min(1.0, sum(m)) for m in r.masses) / len(r.masses)
     phi = calibrator_features(base, mass, 1 - agreement)
     want = feature_scaled("choice", base, calibrator["choice"], phi, prior)

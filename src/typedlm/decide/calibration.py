@@ -304,11 +304,10 @@ def calibrate_reads(
     return probs, sum(map(raw_mass, masses)) / len(masses), stderr, agreement
 
 
-def combined_prior(priors: Sequence[Sequence[float]], lengths: Sequence[int] | None = None) -> list[float]:
-    """The content-free prior of an answer's reads, as its base probabilities are combined: each read's prior
-    normalised (length-normalised first with `lengths`, as `calibrate_reads`), then averaged."""
-    each = [normalised(per_token(p, lengths) if lengths is not None else p) for p in priors]
-    return each[0] if len(each) == 1 else combine(each)[0]
+def combined_prior(kind: str, priors: Sequence[Sequence[float]], lengths: Sequence[int] | None = None) -> list[float]:
+    """The content-free prior of an answer's reads, combined as its raw base probabilities are (`calibrate_reads`:
+    each read normalised, length-normalised first with `lengths`, then averaged)."""
+    return calibrate_reads(kind, priors, None, "raw", lengths=lengths)[0]
 
 
 def combine(reads: Sequence[Sequence[float]]) -> tuple[list[float], float, float]:

@@ -393,7 +393,7 @@ class Decider:
         extras = {"stderr": stderr, "agreement": agreement, "reads": len(reads.masses)} if len(reads.masses) > 1 else {}
         if calibrator:
             weighs_prior = fitted.calibrator[reads.kind].get("prior_weight")  # else the prior is not needed
-            prior = combined_prior(reads.priors, lengths) if weighs_prior and reads.priors else None
+            prior = combined_prior(reads.kind, reads.priors, lengths) if weighs_prior and reads.priors else None
             probs = fitted.calibrate(reads.kind, probs, mass, 1.0 - agreement, prior)
         return question.answer(probs, mass, extras)
 

@@ -49,7 +49,7 @@ class Readout:
     def prior(self, reads: int | None = None) -> list[float]:
         """The content-free prior of this answer's first `reads` reads, combined as the decider combines them for a
         calibrator's prior weight (`calibration.combined_prior`)."""
-        return combined_prior(self.priors[:reads], self.lengths if self.length_normalised else None)
+        return combined_prior(self.kind, self.priors[:reads], self.lengths if self.length_normalised else None)
 
 
 def record(
