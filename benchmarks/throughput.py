@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from typedlm.core.options import EngineOptions
 from typedlm.core.questions import parse_request
 from typedlm.decide.decider import Decider
 from typedlm.server.settings import ServerSettings
@@ -182,10 +183,10 @@ def plot(report: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    for (workload, q, path_name, batching, threads), rows in _series(report).items():
+    for (workload, q, path_name, batching, threads, attention), rows in _series(report).items():
         xs = [row["clients"] for row in rows]
-        ax.plot(xs, [row["docs_per_s"] for row in rows], marker="o", linestyle="-" if batching else ":",
-                label=f"{workload} Q={q} {path_name} {'on' if batching else 'off'} host {threads}")  # fmt: skip
+        label = f"{workload} Q={q} {path_name} {attention} {'on' if batching else 'off'} host {threads}"
+        ax.plot(xs, [row["docs_per_s"] for row in rows], marker="o", linestyle="-" if batching else ":", label=label)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("concurrent clients")
     ax.set_ylabel("documents / s")
@@ -198,7 +199,10 @@ def plot(report: dict, path: Path) -> None:
 def _series(report: dict) -> dict:
     series: dict = {}
     for row in report["rows"]:
-        key = (row["workload"], row["questions"], row["path"], row["batching"], row.get("host_threads", 1))
+        key = (
+            row["workload"], row["questions"], row["path"], row["batching"], row.get("host_threads", 1),
+            row.get("attention", "auto"),
+        )  # fmt: skip
         series.setdefault(key, []).append(row)
     return series
 
@@ -219,18 +223,35 @@ def main() -> None:
         default=[HOST_THREADS],
         help=f"in process: threads preparing requests, one row each (default {HOST_THREADS}, the server's)",
     )
+    parser.add_argument(
+        "--attention",
+        nargs="+",
+        default=["auto"],
+        choices=["auto", "kernel", "torch"],
+        help="the cascade's attention, rows for each: the engine's choice, the one Triton kernel, torch's kernels",
+    )
     parser.add_argument("--peak-tflops", type=float, default=None, help="matrix rate (default: 790 on CUDA)")
     parser.add_argument("--out", default=None, help="JSON path (default: results/throughput-<device>-<date>.json)")
     args = parser.parse_args()
     loaded, dtype = load_benchmark_model(args)
-    decider = Decider(loaded, prefix_cache_bytes=0, calibration="raw")
+    kernel_option = {"auto": None, "kernel": True, "torch": False}
+    deciders = {
+        attention: Decider(
+            loaded, prefix_cache_bytes=0, calibration="raw",
+            engine=EngineOptions(attention_kernel=kernel_option[attention]),
+        )
+        for attention in args.attention
+    }  # fmt: skip
+    decider = next(iter(deciders.values()))
     params = non_embedding_params(loaded.model)
     peak = args.peak_tflops or (790.0 if args.device.startswith("cuda") else None)
     rows = []
     print(f"{decider.name} on {args.device} ({dtype}); {params / 1e6:.1f} M non-embedding parameters", flush=True)
-    columns = "workload | Q | path | batching | host threads | clients | docs/s | questions/s | p50 ms | p99 ms"
-    print(f"| {columns} | mean batch | of matrix rate |")
-    print("|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for attention, each in deciders.items():
+        print(f"attention {attention}: {each.features.summary()}")
+    columns = "workload | Q | path | attention | batching | host threads | clients | docs/s | questions/s | p50 ms"
+    print(f"| {columns} | p99 ms | mean batch | of matrix rate |")
+    print("|---|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for workload in args.workloads:
         prefix_tokens, counts = WORKLOADS[workload]
         documents = Documents(decider, prefix_tokens)
@@ -243,23 +264,25 @@ def main() -> None:
             for path in args.paths:
                 batchings = (True,) if args.no_unbatched or path == "http" else (True, False)
                 threads = args.host_threads if path == "in_process" else [HOST_THREADS]
-                for batching, host_threads, clients in itertools.product(batchings, threads, args.clients):
+                cells = itertools.product(batchings, threads, args.clients, deciders.items())
+                for batching, host_threads, clients, (attention, each) in cells:
                     per_client = max(2, args.requests // clients)
                     if path == "in_process":
-                        row = in_process(decider, documents, questions, clients, per_client, batching, host_threads)
+                        row = in_process(each, documents, questions, clients, per_client, batching, host_threads)
                     else:
-                        row = over_http(decider, documents, wire, clients, per_client)
+                        row = over_http(each, documents, wire, clients, per_client)
                     flops = 2 * params * row["tokens_per_s"]
                     row.update(
-                        workload=workload, prefix_tokens=prefix_tokens, questions=q, path=path,
-                        batching=batching, host_threads=host_threads, clients=clients,
+                        workload=workload, prefix_tokens=prefix_tokens, questions=q, path=path, attention=attention,
+                        attention_kernel=each.features.attention_kernel, batching=batching, host_threads=host_threads,
+                        clients=clients,
                         matrix_rate=flops / (peak * 1e12) if peak else None,
                     )  # fmt: skip
                     rows.append(row)
                     share = f"{100 * row['matrix_rate']:.1f}%" if peak else "-"
                     print(
-                        f"| {workload} | {q} | {path} | {'on' if batching else 'off'} | {host_threads} | {clients} | "
-                        f"{row['docs_per_s']:.1f} | {row['questions_per_s']:.0f} | {row['p50_ms']:.1f} | "
+                        f"| {workload} | {q} | {path} | {attention} | {'on' if batching else 'off'} | {host_threads} | "
+                        f"{clients} | {row['docs_per_s']:.1f} | {row['questions_per_s']:.0f} | {row['p50_ms']:.1f} | "
                         f"{row['p99_ms']:.1f} | {row['mean_batch']:.1f} | {share} |",
                         flush=True,
                     )
@@ -272,7 +295,7 @@ def main() -> None:
         "date": date.today().isoformat(),
         "non_embedding_params": params,
         "peak_tflops": peak,
-        "features": decider.features.summary(),
+        "features": {attention: each.features.summary() for attention, each in deciders.items()},
         "rows": rows,
     }
     out = Path(args.out) if args.out else RESULTS / f"throughput-{args.device.split(':')[0]}-{report['date']}.json"

@@ -8,6 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from typedlm.ops.kernel_blocks import block_table, block_tokens, capacity
+
 from .conftest import needs_triton
 
 pytestmark = needs_triton
@@ -34,6 +36,13 @@ def own_visibility() -> torch.Tensor:
         mask[g, :n, :n] = block
         mask[g, n:, n:] = torch.eye(WIDTH - n, dtype=torch.bool)
     return mask
+
+
+def blocks(t: int, p: int, doc_rows: int, packed_rows: int, heads: int, kv_heads: int) -> torch.Tensor:
+    """The kernel's block table for one document of t new rows after p cached keys, and the questions."""
+    tokens = block_tokens(heads // kv_heads)
+    rows = capacity(doc_rows, packed_rows, 1, tokens)
+    return torch.from_numpy(block_table([t], [p], [0], [REAL_PACKED], doc_rows, packed_rows, tokens, rows))
 
 
 def row_by_row(q, k, v, kbuf, vbuf, p, t, doc_rows, mask, scale) -> torch.Tensor:
@@ -73,15 +82,13 @@ def test_kernel_equals_attention_row_by_row(heads, kv_heads, dim, t, doc_rows):
     k, v = torch.randn(rows, kv_heads, dim), torch.randn(rows, kv_heads, dim)
     kbuf, vbuf = torch.randn(capacity, kv_heads, dim), torch.randn(capacity, kv_heads, dim)
     kbuf[p:], vbuf[p:] = float("nan"), float("nan")  # past the cached prefix: never read, the document written
-    cu = torch.tensor([0, t, 0, p + t, 0, packed_rows, REAL_PACKED, 0], dtype=torch.int32)
+    table = blocks(t, p, doc_rows, packed_rows, heads, kv_heads)
     mask = own_visibility()
-    on = [x.to(DEVICE) for x in (q, k, v, kbuf, vbuf, cu, row_slot(), mask)]
+    on = [x.to(DEVICE) for x in (q, k, v, kbuf, vbuf, table, row_slot(), mask)]
     got = cascade_attention(*on, doc_rows, dim**-0.5).cpu()
     written_k, written_v = on[3].cpu(), on[4].cpu()
-    assert torch.equal(written_k[p : p + doc_rows], k[:doc_rows]) and torch.equal(
-        written_v[p : p + doc_rows], v[:doc_rows]
-    )
-    assert torch.isnan(written_k[p + doc_rows :]).all()  # nothing past the document's rows
+    assert torch.equal(written_k[p : p + t], k[:t]) and torch.equal(written_v[p : p + t], v[:t])
+    assert torch.isnan(written_k[p + t :]).all()  # nothing past the document's real rows
     want = row_by_row(q, k, v, written_k, written_v, p, t, doc_rows, mask, dim**-0.5)
     assert not torch.isnan(got).any()
     assert torch.allclose(got.double(), want, atol=1e-5)
@@ -106,12 +113,11 @@ def test_kernel_takes_strided_rows(layout):
         q, k, v = (x.view(rows, -1, dim) for x in (q, k, v))
         assert k.stride() != v.stride()
     kbuf, vbuf = torch.randn(64, kv_heads, dim), torch.randn(64, kv_heads, dim)
-    cu = torch.tensor([0, t, 0, p + t, 0, packed_rows, REAL_PACKED, 0], dtype=torch.int32)
     q, k, v, kbuf, vbuf = (x.to(DEVICE) for x in (q, k, v, kbuf, vbuf))
     args = (
         kbuf,
         vbuf,
-        cu.to(DEVICE),
+        blocks(t, p, doc_rows, packed_rows, heads, kv_heads).to(DEVICE),
         row_slot().to(DEVICE),
         own_visibility().to(DEVICE),
         doc_rows,
@@ -130,3 +136,111 @@ def test_the_engines_probe_passes_here(heads, kv_heads, dim):
     from typedlm.ops.attention import kernel_agrees
 
     assert kernel_agrees(heads, kv_heads, dim, torch.float32, torch.device(DEVICE))
+
+
+@pytest.mark.parametrize("heads, kv_heads, dim", [(4, 2, 16), (6, 2, 24)])
+def test_kernel_takes_several_documents(heads, kv_heads, dim):
+    """Several documents in one launch, each with its own buffer range (cached prefix, then its new rows) and its
+    own questions: every row equals softmax attention over its own document's keys only, row by row."""
+    from typedlm.ops.cascade_kernel import cascade_attention
+
+    torch.manual_seed(7 + heads)
+    # per document: new rows t, cached p, its questions' rows (a chain each, the last row a sibling of the one before)
+    documents = [(37, 5, [9, 3]), (0, 12, [4]), (70, 0, [20, 1, 6]), (3, 30, [2])]
+    width, doc_rows, packed_rows = 20, 128, 56
+    t_all = sum(t for t, _, _ in documents)
+    questions = [(b, n) for b, (_, _, rows) in enumerate(documents) for n in rows]
+    real_packed = sum(n for _, n in questions)
+    rows = doc_rows + packed_rows
+    q = torch.randn(rows, heads, dim)
+    k, v = torch.randn(rows, kv_heads, dim), torch.randn(rows, kv_heads, dim)
+    starts = [sum(t + p for t, p, _ in documents[:b]) for b in range(len(documents))]
+    kbuf, vbuf = (torch.full((starts[-1] + 64, kv_heads, dim), float("nan")) for _ in range(2))
+    for (_, p, _), start in zip(documents, starts):
+        kbuf[start : start + p], vbuf[start : start + p] = torch.randn(p, kv_heads, dim), torch.randn(p, kv_heads, dim)
+    mask = torch.zeros(len(questions) + 1, width, width, dtype=torch.bool)  # and one padding question
+    mask[-1] = torch.eye(width, dtype=torch.bool)
+    slots = []
+    for g, (_, n) in enumerate(questions):
+        mask[g, :n, :n] = torch.ones(n, n, dtype=torch.bool).tril()
+        if n > 2:
+            mask[g, n - 1, n - 2] = False
+        mask[g, n:, n:] = torch.eye(width - n, dtype=torch.bool)
+        slots += [g * width + s for s in range(n)]
+    tokens = block_tokens(heads // kv_heads)
+    table = block_table(
+        [t for t, _, _ in documents], [p for _, p, _ in documents], starts, [sum(r) for _, _, r in documents],
+        doc_rows, packed_rows, tokens, capacity(doc_rows, packed_rows, len(documents), tokens),
+    )  # fmt: skip
+    on = [x.to(DEVICE) for x in (q, k, v, kbuf.clone(), vbuf.clone(), torch.from_numpy(table), torch.tensor(slots))]
+    got = cascade_attention(*on, mask.to(DEVICE), doc_rows, dim**-0.5).cpu().double()
+    written_k = on[3].cpu()
+    seen = {}  # row of the forward -> (its keys, its values)
+    first, packed, g = 0, doc_rows, 0
+    for b, (t, p, own) in enumerate(documents):
+        start = starts[b]
+        assert torch.equal(written_k[start + p : start + p + t], k[first : first + t])  # written after its prefix
+        end = starts[b + 1] if b + 1 < len(documents) else len(written_k)
+        assert torch.isnan(written_k[start + p + t : end]).all()  # and nothing else
+        keys, values = (
+            torch.cat([kbuf[start : start + p], k[first : first + t]]),
+            torch.cat([vbuf[start : start + p], v[first : first + t]]),
+        )
+        for i in range(t):
+            seen[first + i] = keys[: p + i + 1], values[: p + i + 1]
+        for n in own:
+            for s in range(n):
+                mine = packed + torch.nonzero(mask[g, s, :n]).flatten()
+                seen[packed + s] = torch.cat([keys, k[mine]]), torch.cat([values, v[mine]])
+            packed, g = packed + n, g + 1
+        first += t
+    groups, want = heads // kv_heads, torch.zeros(rows, heads, dim, dtype=torch.float64)
+    for r, (keys, values) in seen.items():
+        for h in range(heads):
+            weights = torch.softmax(q[r, h].double() @ keys[:, h // groups].double().T * dim**-0.5, dim=0)
+            want[r, h] = weights @ values[:, h // groups].double()
+    real = torch.zeros(rows, dtype=torch.bool)
+    real[list(seen)] = True
+    assert real.sum() == t_all + real_packed
+    assert torch.allclose(got[real], want[real], atol=1e-5)
+    assert (got[~real] == 0).all()  # padding rows are written as zeros
+
+
+def test_a_question_reads_the_same_sums_whether_its_document_is_cached_or_new():
+    """The keys of a document are summed in blocks counted from its range's start, wherever its cached part ends:
+    its questions' rows come out bit for bit the same when the document is computed in this forward (its keys
+    read from this forward's rows) and when it is cached (read from the buffer), alone or after another
+    document. This is what makes a batched request equal to it alone, and a prefix-cache hit equal to a miss."""
+    from typedlm.ops.cascade_kernel import cascade_attention
+
+    torch.manual_seed(3)
+    heads, kv_heads, dim, p, t = 4, 2, 16, 45, 50
+    tokens = block_tokens(heads // kv_heads)
+    q_doc, q_packed = torch.randn(t, heads, dim), torch.randn(REAL_PACKED, heads, dim)
+    k_doc, v_doc = torch.randn(t, kv_heads, dim), torch.randn(t, kv_heads, dim)
+    k_packed, v_packed = torch.randn(REAL_PACKED, kv_heads, dim), torch.randn(REAL_PACKED, kv_heads, dim)
+    prefix_k, prefix_v = torch.randn(p, kv_heads, dim), torch.randn(p, kv_heads, dim)
+    mask, slots = own_visibility().to(DEVICE), row_slot().to(DEVICE)
+
+    def run(cached: bool, before: int) -> torch.Tensor:
+        """The document's questions, the document cached or new, its range after `before` keys of another's."""
+        doc_rows = 0 if cached else t
+        q = torch.cat([q_packed] if cached else [q_doc, q_packed])
+        k = torch.cat([k_packed] if cached else [k_doc, k_packed])
+        v = torch.cat([v_packed] if cached else [v_doc, v_packed])
+        kbuf, vbuf = torch.randn(before + p + t + 8, kv_heads, dim), torch.randn(before + p + t + 8, kv_heads, dim)
+        kbuf[before : before + p], vbuf[before : before + p] = prefix_k, prefix_v
+        if cached:
+            kbuf[before + p : before + p + t], vbuf[before + p : before + p + t] = k_doc, v_doc
+        length, new = (p + t, 0) if cached else (p, t)
+        table = block_table(
+            [new], [length], [before], [REAL_PACKED], doc_rows, REAL_PACKED, tokens,
+            capacity(doc_rows, REAL_PACKED, 1, tokens),
+        )  # fmt: skip
+        on = [x.to(DEVICE) for x in (q, k, v, kbuf, vbuf, torch.from_numpy(table))]
+        return cascade_attention(*on, slots, mask, doc_rows, dim**-0.5)[doc_rows:].cpu()
+
+    new = run(cached=False, before=0)
+    assert torch.equal(run(cached=True, before=0), new)
+    assert torch.equal(run(cached=True, before=70), new)
+    assert torch.equal(run(cached=False, before=33), new)

@@ -175,32 +175,32 @@ def test_attention_kernel_equals_torch_kernels(dtype, tokenizer):
         assert list(want["c"].probabilities.values()) == pytest.approx(list(got["c"].probabilities.values()), abs=tol)
 
 
+@pytest.mark.parametrize("attention_kernel", [True, False])
 @pytest.mark.parametrize("family", ["qwen3", "llama"])
-def test_requests_batched_in_one_forward_equal_each_alone_in_bfloat16(family, tokenizer):
+def test_requests_batched_in_one_forward_equal_each_alone_in_bfloat16(family, attention_kernel, tokenizer):
     """Batch invariance on the GPU path the server runs (static shapes, fused kernels): several requests answered by
-    one forward equal each decided alone within 2e-3 in bfloat16, with the same attention kernels. (A lone request
-    runs the cascade as one Triton kernel where it can, a batch runs flash attention: the gap between the two is
-    printed, not bounded here.)"""
+    one forward equal each decided alone within 2e-3 in bfloat16, with the cascade as the one Triton kernel (the
+    default) or as torch's kernels. (The gap between the two kinds of kernel is printed, not bounded here.)"""
     model = tiny_model(family, len(tokenizer)).cuda().to(torch.bfloat16)
-    decider = Decider(
-        LoadedModel(model, tokenizer, "tiny"), calibration="raw", engine=EngineOptions(attention_kernel=False)
-    )
-    kernel = Decider(LoadedModel(model, tokenizer, "tiny"), calibration="raw")
+    loaded = LoadedModel(model, tokenizer, "tiny")
+    decider = Decider(loaded, calibration="raw", engine=EngineOptions(attention_kernel=attention_kernel))
+    other = Decider(loaded, calibration="raw", engine=EngineOptions(attention_kernel=not attention_kernel))
     assert decider.features.capture and decider.max_batch > 1
+    assert decider.features.attention_kernel == attention_kernel
     states = [
         f"Ticket {i}: the customer was charged {i + 2} times and wants the money back." * (1 + i % 3) for i in range(7)
     ]
     requests = [(state, QUESTIONS if i % 2 else {"n": QUESTIONS["n"]}) for i, state in enumerate(states)]
     requests.append(requests[0])  # a document twice in one batch
-    worst = {"same kernels": 0.0, "vs the Triton kernel alone": 0.0}
+    worst = {"same kernels": 0.0, "vs the other kernels alone": 0.0}
     for batch in (requests, requests[:2], requests[3:]):
         together = decider.decide_prepared([decider.prepare_request(s, q) for s, q in batch])
         for (state, questions), response in zip(batch, together, strict=True):
-            for label, alone in (("same kernels", decider), ("vs the Triton kernel alone", kernel)):
+            for label, alone in (("same kernels", decider), ("vs the other kernels alone", other)):
                 answers = alone.decide(state, questions).answers
                 for qid, question in questions.items():
                     got = question.wire_probabilities(response.answers[qid].to_wire())
                     want = question.wire_probabilities(answers[qid].to_wire())
                     worst[label] = max(worst[label], *(abs(a - b) for a, b in zip(got, want, strict=True)))
-    print(f"{family}: batched vs alone, max |Δp| {worst}")
+    print(f"{family}, attention kernel {attention_kernel}: batched vs alone, max |Δp| {worst}")
     assert worst["same kernels"] < 2e-3, worst

@@ -110,12 +110,23 @@ def test_static_run_equals_the_dynamic_run(family, kernel, tokenizer):
     )
 
 
-@pytest.mark.parametrize("family", ["qwen3", "llama", "gemma3"])
-def test_documents_in_one_static_forward_equal_each_alone(family, tokenizer):
+@pytest.mark.parametrize(
+    "family, kernel",
+    [
+        ("qwen3", False),
+        ("llama", False),
+        ("gemma3", False),
+        pytest.param("qwen3", True, marks=[needs_triton, on_cpu]),
+        pytest.param("llama", True, marks=[needs_triton, on_cpu]),
+    ],
+)
+def test_documents_in_one_static_forward_equal_each_alone(family, kernel, tokenizer):
     """Batch invariance: several documents (new, cached, empty, without a base) and their questions in ONE static
-    forward answer as each does alone, within 1e-6 in float32, and build the same prefixes."""
+    forward answer as each does alone, within 1e-6 in float32, and build the same prefixes; with the attention as
+    torch's kernels or as the one Triton kernel."""
     model = tiny_model(family, len(tokenizer), seed=5)
-    dynamic, static = Engine(model), Engine(model, EngineOptions(cuda_graphs=True, attention_kernel=False))
+    dynamic, static = Engine(model), Engine(model, EngineOptions(cuda_graphs=True, attention_kernel=kernel))
+    assert not kernel or static.forward.runner.attention_kernel
     system = dynamic.snapshot(*dynamic.prefill([11, 23, 45, 67, 89]))
     built = static.run([700 + i for i in range(25)], items(2, 4), system)[1]  # a prefix built by a static forward
     documents = [

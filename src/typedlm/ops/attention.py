@@ -71,8 +71,9 @@ class StaticPlan:
       slot g·S + s.
     - `cu` int32 (0, t, 0, p + t, 0, packed rows, real packed rows, 0): `cu_doc`, `cu_keys`, `cu_packed` are
       its slices;
-    - with `kernel`, the attention runs as `cascade_kernel` (one Triton launch per layer): `own_mask` is then
-      [G, S, S], and `own_rows`, `own_bias` are unused.
+    - with `kernel`, the attention runs as `cascade_kernel` (one Triton launch per layer): `blocks` is then its
+      table of rows per program (`kernel_blocks`), `own_mask` is [G, S, S], and `own_rows`, `own_bias`,
+      `write_slots`, `longest` are unused.
     """
 
     kv: torch.Tensor
@@ -87,6 +88,7 @@ class StaticPlan:
     row_slot: torch.Tensor
     cu: torch.Tensor
     kernel: bool = False
+    blocks: torch.Tensor | None = None
     longest: tuple[int, int, int] | None = None  # most document rows, packed rows and keys of one document (a
     # forward not captured as a graph knows them; None: bounded by the whole forward's)
 
@@ -113,7 +115,7 @@ def kernel_agrees(heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, 
     compares every real row with plain float32 attention under the explicit mask. False where Triton cannot
     compile or launch it for this device (too little shared memory, an unsupported dtype) or it disagrees.
     """
-    from typedlm.ops import cascade_kernel
+    from typedlm.ops import cascade_kernel, kernel_blocks
 
     p, t, doc_rows, width, packed_rows = (_PROBE[k] for k in ("p", "t", "doc_rows", "width", "packed_rows"))
     questions = _PROBE["questions"]
@@ -135,12 +137,16 @@ def kernel_agrees(heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, 
         for s in range(n):
             visible[doc_rows + start + s, : p + t] = True
             visible[doc_rows + start + s, p + doc_rows + start : p + doc_rows + start + s + 1] = True
-    cu = torch.tensor([0, t, 0, p + t, 0, packed_rows, len(row_slot), 0], dtype=torch.int32, device=device)
+    tokens = kernel_blocks.block_tokens(heads // kv_heads)
+    table = kernel_blocks.block_table(
+        [t], [p], [0], [len(row_slot)], doc_rows, packed_rows, tokens,
+        kernel_blocks.capacity(doc_rows, packed_rows, 1, tokens),
+    )  # fmt: skip
     scale = head_dim**-0.5
     keys, values = torch.cat([kbuf[:p], k]), torch.cat([vbuf[:p], v])  # before the kernel writes the buffer
     try:
-        row_slot_t, own_mask_t = torch.tensor(row_slot, device=device), own_mask.to(device)
-        got = cascade_kernel.cascade_attention(q, k, v, kbuf, vbuf, cu, row_slot_t, own_mask_t, doc_rows, scale)
+        blocks, row_slot_t, own_mask_t = (torch.as_tensor(x).to(device) for x in (table, row_slot, own_mask))
+        got = cascade_kernel.cascade_attention(q, k, v, kbuf, vbuf, blocks, row_slot_t, own_mask_t, doc_rows, scale)
     except Exception:  # any failure to compile or launch: not on this device
         return False
     groups = heads // kv_heads
@@ -301,7 +307,9 @@ def _static_cascade(layer: int, query, key, value, plan: StaticPlan, scale: floa
     if plan.kernel:  # every row in one launch, which also stores the document rows' keys and values
         from typedlm.ops import cascade_kernel
 
-        out = cascade_kernel.cascade_attention(q, k, v, kbuf, vbuf, plan.cu, plan.row_slot, plan.own_mask, tb, scale)
+        out = cascade_kernel.cascade_attention(
+            q, k, v, kbuf, vbuf, plan.blocks, plan.row_slot, plan.own_mask, tb, scale
+        )
         return out[None]
     parts = []
     if tb:  # document rows: stored, then over the cached prefix and themselves, causally

@@ -5,13 +5,17 @@ the prefix; packed rows over their own question), then merges the partial output
 each call, gather, scatter and merge is a kernel launch and a trip through memory, and at this model size those
 cost more than the arithmetic. Here one program takes a block of rows of one key/value head (the query heads
 that share it folded into the block's rows, so grouped keys are read once) and runs an online softmax over
-every key that block may see:
+every key that block may see. A forward holds one document or several, each with its own range of the buffer
+(its cached prefix of p keys, then its t new rows' keys) and its questions. A block never mixes documents, and
+which rows each program takes is data (`kernel_blocks.block_table`, built on the host, longest blocks first),
+so one captured graph serves every forward of its padded sizes:
 
-- document rows: keys [0, p + i] of the key/value buffer (the cached prefix, then the document causally);
-  blocks of the longest rows start first;
-- packed rows, in blocks of consecutive rows (a block may end one question and begin the next): keys
-  [0, p + t) of the buffer (the whole prefix), then the rows of their own question that `own_mask` lets them
-  see (their ancestors and themselves).
+- document rows: row i of a document sees its buffer range's [0, p + i] (the cached prefix, then the
+  document causally); the document's own keys are read where this forward computed them, and written to the
+  buffer after its prefix;
+- packed rows, in blocks of consecutive rows of one document (a block may end one question and begin the
+  next): its whole range [0, p + t), then the rows of their own question that `own_mask` lets them see
+  (their ancestors and themselves).
 
 Key blocks that every row of a program sees run without masks; only the causal edge, the buffer's end and the
 question's own rows are masked. This is exactly softmax attention over the union of those keys. Without a GPU
@@ -24,9 +28,9 @@ import torch
 import triton
 import triton.language as tl
 
+from typedlm.ops import kernel_blocks
+
 LOG2E = 1.4426950408889634
-BLOCK_ROWS = 64  # query rows (tokens × grouped heads) per program, at most (a question's block may be smaller)
-MIN_ROWS = 16  # the matrix units' smallest tile
 NUM_WARPS = 4  # these four: the fastest measured on an H200 for Qwen3-0.6B shapes (benchmarks/README.md)
 NUM_STAGES = 2
 KEY_BLOCK = 64  # keys per step of the online softmax
@@ -59,17 +63,51 @@ def _online_step(
 
 
 @triton.jit
-def _attend_keys(
-    acc, m_i, l_i, q, K, V, stride_kc, stride_kh, stride_vc, stride_vh, kvh, all_see, any_see, last_key, row_ok, d,
-    d_ok, n, scale_log2, FULL_DIM: tl.constexpr, PRECISION: tl.constexpr, BLOCK_N: tl.constexpr,
+def _key_pointers(
+    KB, VB, KR, VR, start, n, p, kvh, d, stride_bc, stride_bh, stride_kr, stride_kh, stride_vr, stride_vh,
+    BLOCK_N: tl.constexpr,
 ):  # fmt: skip
-    """Keys [0, any_see) of K/V (rows of strides `stride_kc`, `stride_vc`) into the running softmax: row i sees key
-    j <= last_key[i]; keys [0, all_see) every row sees, and their whole blocks run without masks."""
+    """Pointers to keys [start, start + N) of a document's sequence (k [D, N], v [N, D]): its cached prefix's
+    keys [0, p) lie in the buffer (KB/VB from the prefix's start), the rest in this forward's rows (KR/VR from the
+    document's first row). Only a block that straddles p picks per key."""
+    key = start + n
+    if start + BLOCK_N <= p:
+        k_ptrs = KB + key[None, :] * stride_bc + kvh * stride_bh + d[:, None]
+        v_ptrs = VB + key[:, None] * stride_bc + kvh * stride_bh + d[None, :]
+    elif start >= p:
+        k_ptrs = KR + (key - p)[None, :] * stride_kr + kvh * stride_kh + d[:, None]
+        v_ptrs = VR + (key - p)[:, None] * stride_vr + kvh * stride_vh + d[None, :]
+    else:
+        cached = key < p
+        k_ptrs = tl.where(
+            cached[None, :],
+            KB + key[None, :] * stride_bc + kvh * stride_bh + d[:, None],
+            KR + (key - p)[None, :] * stride_kr + kvh * stride_kh + d[:, None],
+        )
+        v_ptrs = tl.where(
+            cached[:, None],
+            VB + key[:, None] * stride_bc + kvh * stride_bh + d[None, :],
+            VR + (key - p)[:, None] * stride_vr + kvh * stride_vh + d[None, :],
+        )
+    return k_ptrs, v_ptrs
+
+
+@triton.jit
+def _attend_keys(
+    acc, m_i, l_i, q, KB, VB, KR, VR, p, stride_bc, stride_bh, stride_kr, stride_kh, stride_vr, stride_vh, kvh,
+    all_see, any_see, last_key, row_ok, d, d_ok, n, scale_log2, FULL_DIM: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """Keys [0, any_see) of a document's sequence (see `_key_pointers`) into the running softmax: row i sees key
+    j <= last_key[i]; keys [0, all_see) every row sees, and their whole blocks run without masks. The blocks are
+    counted from the sequence's start whatever its cached share p, so a row's sums run in the same order whether
+    the document was cached or is computed in this forward, alone or beside others."""
     whole_blocks = all_see // BLOCK_N * BLOCK_N
     for start in range(0, whole_blocks, BLOCK_N):
-        key = start + n
-        k_ptrs = K + key[None, :] * stride_kc + kvh * stride_kh + d[:, None]
-        v_ptrs = V + key[:, None] * stride_vc + kvh * stride_vh + d[None, :]
+        k_ptrs, v_ptrs = _key_pointers(
+            KB, VB, KR, VR, start, n, p, kvh, d, stride_bc, stride_bh, stride_kr, stride_kh, stride_vr, stride_vh,
+            BLOCK_N,
+        )  # fmt: skip
         acc, m_i, l_i = _online_step(
             acc, m_i, l_i, q, k_ptrs, v_ptrs, n, d_ok, row_ok[:, None], scale_log2, False, FULL_DIM, PRECISION
         )
@@ -77,8 +115,10 @@ def _attend_keys(
         key = start + n
         key_ok = key < any_see
         visible = row_ok[:, None] & key_ok[None, :] & (key[None, :] <= last_key[:, None])
-        k_ptrs = K + key[None, :] * stride_kc + kvh * stride_kh + d[:, None]
-        v_ptrs = V + key[:, None] * stride_vc + kvh * stride_vh + d[None, :]
+        k_ptrs, v_ptrs = _key_pointers(
+            KB, VB, KR, VR, start, n, p, kvh, d, stride_bc, stride_bh, stride_kr, stride_kh, stride_vr, stride_vh,
+            BLOCK_N,
+        )  # fmt: skip
         acc, m_i, l_i = _online_step(
             acc, m_i, l_i, q, k_ptrs, v_ptrs, key_ok, d_ok, visible, scale_log2, True, FULL_DIM, PRECISION
         )
@@ -88,12 +128,12 @@ def _attend_keys(
 @triton.jit
 def _cascade_kernel(
     Q,  # [R, H, D] this forward's queries
-    KB,  # [C, Hkv, D] key buffer: the cached prefix at [0, p); the document rows' keys are written after it
+    KB,  # [C, Hkv, D] key buffer: each document's range holds its cached prefix; its new rows' keys go after it
     VB,
-    KR,  # [R, Hkv, D] this forward's keys: the document's, then the packed rows'
+    KR,  # [R, Hkv, D] this forward's keys: the documents' rows, then the packed rows'
     VR,
     OUT,  # [R, H, D]
-    CU,  # int32 [8]: (0, t, 0, p + t, 0, packed rows, real packed rows, 0)
+    BLOCKS,  # int64 [programs, 8]: each program's rows (see kernel_blocks)
     ROW_SLOT,  # int64 [N]: each packed row's question g and place s in it, as g·S + s
     MASK,  # bool [G, S, S]: own_mask
     stride_qr,
@@ -107,7 +147,6 @@ def _cascade_kernel(
     stride_or,
     stride_oh,
     doc_rows,
-    doc_blocks,  # programs 0 .. doc_blocks - 1 take document rows, the rest packed rows
     width,  # S
     scale_log2,
     HEAD_DIM: tl.constexpr,
@@ -118,8 +157,16 @@ def _cascade_kernel(
     BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr,  # of the matrix products: "ieee" keeps float32 inputs in float32 (no TF32)
 ):
-    pid = tl.program_id(0)
+    entry = BLOCKS + tl.program_id(0) * 8
     kvh = tl.program_id(1)
+    first = tl.load(entry).to(tl.int32)  # the block's first row of the forward
+    real = tl.load(entry + 1).to(tl.int32)
+    stored_rows = tl.load(entry + 2).to(tl.int32)
+    doc_first = tl.load(entry + 3).to(tl.int32)  # its document's new rows in this forward: [doc_first, + t)
+    t = tl.load(entry + 4).to(tl.int32)
+    key_start = tl.load(entry + 5).to(tl.int32)  # its range of the buffer: the cached prefix [key_start, + p)
+    p = tl.load(entry + 6).to(tl.int32)
+    packed_block = tl.load(entry + 7) != 0
     m = tl.arange(0, TOKENS * GROUP_ROWS)
     token = m // GROUP_ROWS
     head_ok = m % GROUP_ROWS < GROUPS
@@ -127,43 +174,36 @@ def _cascade_kernel(
     d = tl.arange(0, DIM)
     d_ok = d < HEAD_DIM
     n = tl.arange(0, BLOCK_N)
-    t = tl.load(CU + 1)
-    p = tl.load(CU + 3) - t
-    zero = pid * 0
-    if pid < doc_blocks:  # document rows, the longest first: row i sees the prefix and the document's [0, i]
-        first = (doc_blocks - 1 - pid) * TOKENS
-        row = first + token
-        row_ok = (row < t) & head_ok
-        stored = (row < doc_rows) & head_ok
-        last_key = row
-        live = first < t  # the block has a real row
-        all_see = tl.where(live, first + 1, zero)  # document keys [0, all_see): every row sees them
-        any_see = tl.where(live, tl.minimum(first + TOKENS, t), zero)
-        own_start, own_end, segment, place = zero, zero, token, token
-        # this block's keys and values go to the buffer after the prefix (padding rows too: they lie past p + t)
-        written = first + tl.arange(0, TOKENS)
-        at = (written < doc_rows)[:, None] & d_ok[None, :]
-        key_source = written[:, None] * stride_kr + kvh * stride_kh + d[None, :]
-        value_source = written[:, None] * stride_vr + kvh * stride_vh + d[None, :]
-        target = (p + written)[:, None] * stride_bc + kvh * stride_bh + d[None, :]
-        tl.store(KB + target, tl.load(KR + key_source, mask=at), mask=at)
-        tl.store(VB + target, tl.load(VR + value_source, mask=at), mask=at)
-    else:  # packed rows: the prefix, the whole document, then the rows of their own question that `MASK` shows
-        real = tl.load(CU + 6)
-        first = (pid - doc_blocks) * TOKENS
-        packed = first + token
-        row_ok = (packed < real) & head_ok
-        stored = (packed < tl.load(CU + 5)) & head_ok  # padding rows get zeros
-        row = doc_rows + packed
-        place = tl.load(ROW_SLOT + packed, mask=packed < real, other=0).to(tl.int32)
+    row = first + token
+    row_ok = (token < real) & head_ok
+    stored = (token < stored_rows) & head_ok  # padding rows get zeros
+    live = real > 0  # the block has a real row
+    zero = real * 0
+    if packed_block:  # packed rows: the prefix, the whole document, then the rows of their own question
+        packed = row - doc_rows
+        place = tl.load(ROW_SLOT + packed, mask=token < real, other=0).to(tl.int32)
         segment = place // width
-        last_key = t - 1 + zero * row
-        live = first < real
-        all_see = tl.where(live, t, zero)
+        last_key = p + t - 1 + zero * row
+        all_see = tl.where(live, p + t, zero)  # the whole sequence: the cached prefix and the document
         any_see = all_see
         # ancestors come first: the block's own keys start at its first row's question, end at its last row
-        own_start = first - tl.load(ROW_SLOT + first, mask=first < real, other=0).to(tl.int32) % width
-        own_end = tl.minimum(first + TOKENS, real)
+        first_packed = first - doc_rows
+        own_start = first_packed - tl.load(ROW_SLOT + first_packed, mask=live, other=0).to(tl.int32) % width
+        own_end = tl.where(live, first_packed + real, own_start)
+    else:  # document rows: row i of its document sees the cached prefix and the document's [0, i]
+        local = first - doc_first
+        last_key = p + local + token
+        all_see = tl.where(live, p + local + 1, zero)  # keys [0, all_see) of the sequence: every row sees them
+        any_see = tl.where(live, p + local + real, zero)
+        own_start, own_end, segment, place = zero, zero, token, token
+        # this block's keys and values go to its document's range of the buffer, after the cached prefix
+        written = tl.arange(0, TOKENS)
+        at = (written < real)[:, None] & d_ok[None, :]
+        key_source = (first + written)[:, None] * stride_kr + kvh * stride_kh + d[None, :]
+        value_source = (first + written)[:, None] * stride_vr + kvh * stride_vh + d[None, :]
+        target = (key_start + p + local + written)[:, None] * stride_bc + kvh * stride_bh + d[None, :]
+        tl.store(KB + target, tl.load(KR + key_source, mask=at), mask=at)
+        tl.store(VB + target, tl.load(VR + value_source, mask=at), mask=at)
     q = tl.load(
         Q + row[:, None] * stride_qr + head[:, None] * stride_qh + d[None, :],
         mask=row_ok[:, None] & d_ok[None, :],
@@ -172,14 +212,10 @@ def _cascade_kernel(
     acc = tl.zeros((TOKENS * GROUP_ROWS, DIM), dtype=tl.float32)
     m_i = tl.full((TOKENS * GROUP_ROWS,), -1.0e30, dtype=tl.float32)  # finite: rows that see nothing stay 0
     l_i = tl.zeros((TOKENS * GROUP_ROWS,), dtype=tl.float32)
-    prefix = tl.where(live, p, zero)  # the cached prefix: every row sees all of it
-    acc, m_i, l_i = _attend_keys(
-        acc, m_i, l_i, q, KB, VB, stride_bc, stride_bh, stride_bc, stride_bh, kvh, prefix, prefix, p - 1 + zero * row,
-        row_ok, d, d_ok, n, scale_log2, HEAD_DIM == DIM, PRECISION, BLOCK_N,
-    )  # fmt: skip
-    acc, m_i, l_i = _attend_keys(  # the document's keys, read where this forward computed them
-        acc, m_i, l_i, q, KR, VR, stride_kr, stride_kh, stride_vr, stride_vh, kvh, all_see, any_see, last_key, row_ok,
-        d, d_ok, n, scale_log2, HEAD_DIM == DIM, PRECISION, BLOCK_N,
+    acc, m_i, l_i = _attend_keys(  # the cached prefix from the buffer, then the document from this forward's rows
+        acc, m_i, l_i, q, KB + key_start * stride_bc, VB + key_start * stride_bc, KR + doc_first * stride_kr,
+        VR + doc_first * stride_vr, p, stride_bc, stride_bh, stride_kr, stride_kh, stride_vr, stride_vh, kvh, all_see,
+        any_see, last_key, row_ok, d, d_ok, n, scale_log2, HEAD_DIM == DIM, PRECISION, BLOCK_N,
     )  # fmt: skip
     for start in range(own_start, own_end, BLOCK_N):  # packed rows: their own question's rows
         own = start + n
@@ -208,7 +244,7 @@ def cascade_attention(
     v: torch.Tensor,
     kbuf: torch.Tensor,
     vbuf: torch.Tensor,
-    cu: torch.Tensor,
+    blocks: torch.Tensor,
     row_slot: torch.Tensor,
     own_mask: torch.Tensor,
     doc_rows: int,
@@ -217,28 +253,26 @@ def cascade_attention(
     """Attention of every row of a static forward, in one launch; `StaticPlan`'s layout (see `attention`).
 
     q: [R, H, D] (the first `doc_rows` rows are document rows, the rest packed rows); k/v: [R, Hkv, D] this
-    forward's keys and values; kbuf/vbuf: [C, Hkv, D] with the cached prefix at [0, p): the document rows' keys
-    and values (the first `doc_rows` of k/v) are written at [p, p + doc_rows); cu: int32 (0, t, 0, p + t, 0,
-    packed rows, real packed rows, 0), t real document rows; row_slot: int64 [N] each real packed row's question
-    g and place s as g·S + s (questions are runs of consecutive rows); own_mask: bool [G, S, S] place i of
-    question g sees place j. Returns out [R, H, D]: padding rows are 0.
+    forward's keys and values; kbuf/vbuf: [C, Hkv, D], each document's range holding its cached prefix: its
+    new rows' keys and values are written after it; blocks: int64 [programs, 8], `kernel_blocks.block_table`
+    for `kernel_blocks.block_tokens(H / Hkv)` tokens per block; row_slot: int64 [N] each real packed row's
+    question g and place s as g·S + s (questions are runs of consecutive rows); own_mask: bool [G, S, S] place
+    i of question g sees place j. Returns out [R, H, D]: padding rows are 0.
     """
-    rows, heads, head_dim = q.shape
+    heads, head_dim = q.shape[1:]
     kv_heads = kbuf.shape[1]
     groups = heads // kv_heads
     for x in (q, k, v, kbuf, vbuf):
         assert x.stride(-1) == 1, "the head dimension must be contiguous"
     assert kbuf.stride() == vbuf.stride()
+    assert blocks.dim() == 2 and blocks.shape[1] == kernel_blocks.FIELDS and blocks.is_contiguous()
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # every row is written (padding rows: 0)
-    group_rows = triton.next_power_of_2(groups)
-    tokens = max(BLOCK_ROWS // group_rows, MIN_ROWS // group_rows, 1)  # a program's rows: tokens × group_rows
-    doc_blocks = triton.cdiv(doc_rows, tokens)
-    grid = (doc_blocks + triton.cdiv(rows - doc_rows, tokens), kv_heads)
-    _cascade_kernel[grid](
-        q, kbuf, vbuf, k, v, out, cu, row_slot, own_mask,
+    _cascade_kernel[(blocks.shape[0], kv_heads)](
+        q, kbuf, vbuf, k, v, out, blocks, row_slot, own_mask,
         *q.stride()[:2], *kbuf.stride()[:2], *k.stride()[:2], *v.stride()[:2], *out.stride()[:2],
-        doc_rows, doc_blocks, own_mask.shape[-1], scale * LOG2E,
-        HEAD_DIM=head_dim, DIM=triton.next_power_of_2(head_dim), GROUPS=groups, GROUP_ROWS=group_rows, TOKENS=tokens,
+        doc_rows, own_mask.shape[-1], scale * LOG2E,
+        HEAD_DIM=head_dim, DIM=triton.next_power_of_2(head_dim), GROUPS=groups,
+        GROUP_ROWS=kernel_blocks.group_rows(groups), TOKENS=kernel_blocks.block_tokens(groups),
         BLOCK_N=KEY_BLOCK, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=NUM_WARPS, num_stages=NUM_STAGES,
     )  # fmt: skip

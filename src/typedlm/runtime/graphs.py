@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from typedlm.ops import kernel_blocks
 from typedlm.ops.attention import StaticPlan, additive
 from typedlm.runtime import hf
 from typedlm.runtime.hf import Layers
@@ -106,16 +107,18 @@ class Shape:
             longest,
         )
 
-    @property
-    def fields(self) -> dict[str, int]:
-        """The int64 arena's fields and their lengths, in order."""
+    def fields(self, block_tokens: int = 0) -> dict[str, int]:
+        """The int64 arena's fields and their lengths, in order; with `block_tokens`, the attention kernel's
+        table of blocks of that many tokens (see `kernel_blocks`)."""
         g, s = self.segments, self.width
         rows = self.doc_rows + self.packed_rows
+        blocks = kernel_blocks.capacity(self.doc_rows, self.packed_rows, self.documents, block_tokens or 1)
         return {
             "input_ids": rows,
             "position_ids": rows,
             "write_slots": self.doc_rows,
             "cu": 3 * (self.documents + 1) + 2,  # cu_doc, cu_keys, cu_packed, (real packed rows, 0)
+            "blocks": kernel_blocks.FIELDS * blocks if block_tokens else 0,
             "own_rows": g * s,
             "own_mask": g * s * s // 64,  # bits, 64 per word (the width is a multiple of 8)
             "row_slot": self.packed_rows,
@@ -126,11 +129,12 @@ class Shape:
 
 
 class Slot:
-    """One shape's static inputs (an int64 arena on the device), its output, and its graph once captured."""
+    """One shape's static inputs (an int64 arena on the device), its output, and its graph once captured.
+    With `block_tokens`, the inputs hold the attention kernel's block table too (see `kernel_blocks`)."""
 
-    def __init__(self, shape: Shape, device: torch.device):
-        self.shape = shape
-        sizes = shape.fields
+    def __init__(self, shape: Shape, device: torch.device, block_tokens: int = 0):
+        self.shape, self.block_tokens = shape, block_tokens
+        sizes = shape.fields(block_tokens)
         self.views: dict[str, tuple[int, int]] = {}
         offset = 0
         for name, size in sizes.items():
@@ -181,6 +185,17 @@ class Slot:
             cu[:8] = (0, t, 0, document.cached + t, 0, shape.packed_rows, n, 0)
         else:
             self._fill_documents(documents, starts)
+        if self.block_tokens:
+            self.host_field("blocks")[:] = kernel_blocks.block_table(
+                [len(document.ids) for document in documents],
+                [document.cached for document in documents],
+                starts,
+                [document.packed_rows for document in documents],
+                tb,
+                shape.packed_rows,
+                self.block_tokens,
+                len(self.host_field("blocks")) // kernel_blocks.FIELDS,
+            ).ravel()
         input_ids[tb : tb + n] = batch.input_ids
         positions[tb : tb + n] = batch.position_ids
         self.arena.copy_(self.host_tensor, non_blocking=True)
@@ -266,6 +281,7 @@ class StaticRunner:
         param = next(body.parameters())
         self.dtype, self.device = param.dtype, param.device
         self.attention_kernel = attention_kernel
+        self.block_tokens = kernel_blocks.block_tokens(self.heads // self.kv_heads) if attention_kernel else 0
         self.kv: torch.Tensor | None = None  # [L, 2, C, Hkv, D]
         self.held: list = []  # prefixes whose keys/values the buffer holds at [0, length)
         self.slots: OrderedDict[Shape, Slot] = OrderedDict()
@@ -326,8 +342,9 @@ class StaticRunner:
             row_slot=f("row_slot"),
             cu=cu,
         )
-        if self.attention_kernel and shape.documents == 1:  # the kernel reads one document's ranges
-            plan = StaticPlan(**common, own_mask=own_mask, own_bias=None, kernel=True)
+        if self.attention_kernel:
+            blocks = f("blocks").view(-1, kernel_blocks.FIELDS)
+            plan = StaticPlan(**common, own_mask=own_mask, own_bias=None, kernel=True, blocks=blocks)
         else:
             own_mask = own_mask[:, None].repeat(1, 1, self.heads // self.kv_heads, 1)  # [G, 1, groups·S, S]
             bias = additive(own_mask, self.dtype)
@@ -339,7 +356,7 @@ class StaticRunner:
         return self.head(hidden)[f("step_read"), f("step_token")]  # [K]
 
     def _slot(self, shape: Shape) -> Slot:
-        slot = self.slots.pop(shape, None) or Slot(shape, self.device)
+        slot = self.slots.pop(shape, None) or Slot(shape, self.device, self.block_tokens)
         self.slots[shape] = slot  # most recently used last
         while len(self.slots) > MAX_GRAPHS:
             self.slots.popitem(last=False)
@@ -392,6 +409,8 @@ class StaticRunner:
             starts.append(end)
             end += document.cached + len(document.ids)
         shape = Shape.of(sum(len(d.ids) for d in documents), batch, documents)
+        if self.attention_kernel:  # its grid is the block table's: the longest document does not size it
+            shape = dataclasses.replace(shape, longest=None)
         self._ensure_capacity(end + shape.doc_rows)
         self._load_base(first.base)
         for document, start in zip(documents[1:], starts[1:]):
