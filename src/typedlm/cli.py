@@ -32,7 +32,7 @@ from typedlm.offline.evaldata import DATASETS
 from typedlm.offline.evaluate import SPLITS
 from typedlm.runtime.catalog import NAMED_MODELS, named_model, short_names
 from typedlm.runtime.models import EMBEDDED_MODEL, RECOMMENDED_MODEL
-from typedlm.server.settings import API_KEYS_ENV, HEAD_TIMEOUT_S
+from typedlm.server.settings import API_KEYS_ENV, DEFAULT_MAX_BATCH, HEAD_TIMEOUT_S
 
 if TYPE_CHECKING:
     from typedlm.server.options import ServeOptions
@@ -103,9 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--max-batch",
         type=int,
-        default=1,
-        help="requests one forward may answer together (GPU, static shapes; default 1: one forward per request, "
-        "the next request tokenized meanwhile; see benchmarks/README.md for when more pays)",
+        default=DEFAULT_MAX_BATCH,
+        help=f"requests one forward may answer together, where the model runs several documents per forward (a GPU "
+        f"with static shapes; default {DEFAULT_MAX_BATCH}); 1: one forward per request, the next tokenized meanwhile",
     )
     serve.add_argument(
         "--head-timeout",

@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from typedlm.core.options import EngineOptions
-from typedlm.server.settings import DEFAULT_ALIASES, ServerSettings
+from typedlm.server.settings import DEFAULT_ALIASES, DEFAULT_MAX_BATCH, ServerSettings
 
 
 class ServeOptions(BaseModel):
@@ -20,7 +20,7 @@ class ServeOptions(BaseModel):
     dtype: str | None = None
     api_keys: list[str] = []
     max_queue: int = Field(16, ge=1)
-    max_batch: int = Field(1, ge=1)
+    max_batch: int = Field(DEFAULT_MAX_BATCH, ge=1)
     timeout: float = Field(300.0, gt=0)
     max_body_bytes: int = Field(8 << 20, ge=1)
     log_format: Literal["text", "json"] = "text"

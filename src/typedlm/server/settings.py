@@ -16,11 +16,16 @@ def keys_from_env(environ: dict[str, str] | None = None) -> tuple[str, ...]:
     return tuple(key.strip() for key in raw.split(",") if key.strip())
 
 
+# requests one forward may answer by default: several documents per forward pay on a GPU from 8 clients on
+# (benchmarks/README.md); a decider that runs one document per forward (a CPU) takes one whatever this says
+DEFAULT_MAX_BATCH = 64
+
+
 @dataclass(frozen=True)
 class ServerSettings:
     api_keys: tuple[str, ...] = ()  # empty: auth off
     max_queue: int = 16  # requests running or waiting for the model; more get 503 + Retry-After
-    max_batch: int = 1  # requests one forward may answer (where the decider can; see server.worker)
+    max_batch: int = DEFAULT_MAX_BATCH  # requests one forward may answer (where the decider can; see server.worker)
     request_timeout_s: float = 300.0
     max_body_bytes: int = 8 * 1024 * 1024  # after decompression too
     aliases: tuple[str, ...] = DEFAULT_ALIASES  # model names that mean "the served model"
