@@ -60,7 +60,7 @@ def test_batches_keep_to_the_token_budget_and_the_request_limit():
     assert asyncio.run(main(64, 10)) == [1, 1, 1, 1, 1, 1, 1], "a request over the budget still runs, alone"
 
 
-def test_a_failing_prepare_fails_only_its_request_and_a_failing_forward_its_batch():
+def test_a_failing_prepare_fails_only_its_request_and_a_failing_forward_its_requests():
     def refuse():
         raise ValueError("bad request")
 
@@ -81,6 +81,38 @@ def test_a_failing_prepare_fails_only_its_request_and_a_failing_forward_its_batc
         worker.close()
 
     asyncio.run(main())
+
+
+def test_a_failed_batch_is_answered_again_one_request_at_a_time():
+    """A batch whose forward fails is run again request by request: a request that fails on its own gets its error,
+    the others their answers; a batch that fails only for its size (memory) answers everyone."""
+
+    class Picky(SlowBatches):
+        def __call__(self, items: list[int]) -> list[int]:
+            if 13 in items:
+                self.sizes.append(len(items))
+                raise RuntimeError("item 13 breaks any forward it is in")
+            if len(items) > 4:
+                self.sizes.append(len(items))
+                raise RuntimeError("out of device memory")
+            return super().__call__(items)
+
+    async def main(items: list[int]):
+        worker, model = ModelWorker(max_pending=32), Picky(0.05)
+        first = asyncio.create_task(_ask(worker, model, 0))
+        await asyncio.sleep(0.02)  # the first forward runs: the rest wait for it and go in one batch
+        rest = [asyncio.create_task(_ask(worker, model, i)) for i in items]
+        results = await asyncio.gather(first, *rest, return_exceptions=True)
+        worker.close()
+        return results[1:], model.sizes
+
+    results, sizes = asyncio.run(main([1, 2, 13, 4]))
+    assert results[:2] == [2, 4] and results[3] == 8
+    assert isinstance(results[2], RuntimeError) and "13" in str(results[2])
+    assert sizes == [1, 4, 1, 1, 1, 1], "the batch of four failed, then each ran alone"
+    results, sizes = asyncio.run(main(list(range(1, 9))))
+    assert results == [2 * i for i in range(1, 9)], "a batch too large is answered request by request"
+    assert sizes == [1, 8, *[1] * 8]
 
 
 def test_overload_answers_503_and_slow_answers_504():

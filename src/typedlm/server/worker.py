@@ -5,7 +5,9 @@ requests at once on `host_threads` threads), so that tokenizing the next request
 then it waits for the model thread. Requests that arrive while a forward runs are answered together by the next
 one (`run_batch`), up to `max_batch` requests and `max_batch_tokens` tokens, as many as the largest power of two
 that fits (few batch shapes: each new one is captured as a CUDA graph); the rest go into the forward after. One
-forward for many documents is what keeps a GPU busy. A call that cannot be batched (`submit`) runs alone.
+forward for many documents is what keeps a GPU busy. A call that cannot be batched (`submit`) runs alone. A batch
+whose forward fails is answered again one request at a time, so a request gets an error only where it fails on
+its own (a fault of its own, or one it would meet alone; a batch too large for the device's memory succeeds so).
 
 `submit` and `submit_batch` raise a 503 (with Retry-After) when `max_pending` requests are already being prepared,
 running or waiting, and a 504 when the answer takes longer than the timeout (the forward itself finishes in the
@@ -158,6 +160,12 @@ class ModelWorker:
                 results = [batch[0].call()]
             else:
                 results = batch[0].run_batch([job.item for job in batch])
+        except Exception as exc:
+            if len(batch) == 1:
+                batch[0].future.set_exception(exc)
+            else:  # one request's fault (or a batch too big for the device) must not fail the others: each alone
+                for job in batch:
+                    self._answer_alone(job)
         except BaseException as exc:  # handed to every request of the batch, raised there
             for job in batch:
                 job.future.set_exception(exc)
@@ -170,6 +178,16 @@ class ModelWorker:
         if self.on_timing is not None:
             for job in batch:
                 self.on_timing(started - job.submitted, finished - started)
+
+    @staticmethod
+    def _answer_alone(job: _Job) -> None:
+        """A request of a failed batch, answered by a forward of its own: its result or its own error."""
+        try:
+            (result,) = job.run_batch([job.item])
+        except Exception as exc:
+            job.future.set_exception(exc)
+        else:
+            job.future.set_result(result)
 
     def close(self) -> None:
         self._host.shutdown(wait=True)
