@@ -24,14 +24,17 @@ def test_defaults_on_a_cpu_run_one_eager_forward_with_the_cascade(model):
     assert not features.static and not features.capture and not features.attention_kernel
     assert features.fusion is None, "fused kernels are for CUDA"
     assert isinstance(engine.forward, OneForward)
-    assert features.summary() == ["attention: the cascade with torch's kernels", "one forward per request"]
+    assert features.summary() == [
+        "attention: the cascade with torch's kernels",
+        "a document and its questions in one forward",
+    ]
 
 
 def test_cuda_graphs_on_a_cpu_run_the_static_forward_eagerly(model):
     engine = Engine(model, EngineOptions(cuda_graphs=True, attention_kernel=False))
     assert engine.features.static and not engine.features.capture
     assert isinstance(engine.forward, StaticForward) and not engine.forward.runner.capture
-    assert engine.features.summary()[-1] == "one forward per request, static shapes"
+    assert engine.features.summary()[-1] == "a document and its questions in one forward, static shapes"
 
 
 @needs_triton
@@ -56,7 +59,7 @@ def test_sliding_windows_take_two_forwards_even_with_graphs_asked_for(tokenizer)
     engine = Engine(tiny_model("gemma3", len(tokenizer)), EngineOptions(cuda_graphs=True))
     assert engine.features.cascade and not engine.features.one_forward and not engine.features.static
     assert isinstance(engine.forward, TwoForwards)
-    assert engine.features.summary()[-1] == "two forwards per request (sliding windows)"
+    assert engine.features.summary()[-1] == "a document, then its questions: two forwards (sliding windows)"
 
 
 def test_a_model_without_sdpa_keeps_its_attention(tokenizer):

@@ -321,11 +321,15 @@ def serve(args: argparse.Namespace) -> int:
     )
     for line in decider.features.summary():
         print(f"typedlm: {line}", file=sys.stderr)
+    app = create_app(decider, settings)
+    batch = app.state.worker.max_batch  # what the decider can, within --max-batch
+    batching = f"up to {batch} requests per forward" if batch > 1 else "one request per forward"
+    print(f"typedlm: batching: {batching} (--max-batch {settings.max_batch})", file=sys.stderr)
     auth = f"{len(settings.api_keys)} API key(s)" if settings.api_keys else "auth off"
     print(f"typedlm: serving {decider.name} on http://{args.host}:{args.port} ({auth})", file=sys.stderr, flush=True)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     uvicorn.run(
-        create_app(decider, settings),
+        app,
         host=args.host,
         port=args.port,
         timeout_graceful_shutdown=60,

@@ -54,7 +54,11 @@ class Features:
             lines.append("attention: the cascade as one Triton kernel per layer")
         else:
             lines.append("attention: the cascade with torch's kernels")
-        forwards = "one forward per request" if self.one_forward else "two forwards per request (sliding windows)"
+        forwards = (
+            "a document and its questions in one forward"
+            if self.one_forward
+            else "a document, then its questions: two forwards (sliding windows)"
+        )
         graphs = ", replayed as CUDA graphs" if self.capture else (", static shapes" if self.static else "")
         lines.append(forwards + graphs)
         return lines
