@@ -179,3 +179,41 @@ def test_on_ray_two_actors_give_the_in_process_records(real_decider, tmp_path):
             assert g == w
         else:
             _same_response(g["response"], w["response"])
+
+
+def test_a_group_whose_forward_fails_is_answered_row_by_row(real_decider, tmp_path):
+    """Where the decider batches (a GPU), a group of rows too large for one forward (memory) is answered one row at
+    a time: the same records as a decider that never batches."""
+
+    class Batching:
+        """The real decider, batching four rows per forward, whose forwards of more than two rows fail."""
+
+        max_batch = 4
+
+        def __init__(self, decider):
+            self.decider, self.forwards = decider, []
+
+        def __getattr__(self, name):
+            return getattr(self.decider, name)
+
+        def decide_prepared(self, items):
+            self.forwards.append(len(items))
+            if len(items) > 2:
+                raise RuntimeError("CUDA out of memory")
+            return self.decider.decide_prepared(items)
+
+    source = tmp_path / "rows.jsonl"
+    more = [{"state": f"Order {i} arrived broken.", "questions": QUESTIONS} for i in range(3)]
+    _write(source, [*_rows()[:3], *more])  # five valid rows and a bad one
+    batching = Batching(real_decider)
+    run_batch(batching, source, tmp_path / "batched.jsonl")
+    run_batch(real_decider, source, tmp_path / "alone.jsonl")
+    # rows go in chunks of max_batch: the first holds three valid rows (one forward, too large, then each alone),
+    # the second two (one forward that succeeds)
+    assert batching.forwards == [3, 1, 1, 1, 2]
+    for got, want in zip(_records(tmp_path / "batched.jsonl"), _records(tmp_path / "alone.jsonl"), strict=True):
+        assert got.keys() == want.keys() and got["id"] == want["id"]
+        if "response" in want:
+            _same_response(got["response"], want["response"])
+        else:
+            assert got == want

@@ -108,6 +108,17 @@ def request_body(row: Any, questions: Mapping[str, Any] | None) -> Any:
             "questions": questions}  # fmt: skip
 
 
+def _decide_group(decider, group: list) -> list:
+    """One forward's answers for a group of prepared rows; if that forward fails, each row by a forward of its own
+    (a group too large for the device's memory still gets answered; a row that fails alone stops the job)."""
+    try:
+        return decider.decide_prepared(group)
+    except Exception:
+        if len(group) == 1:
+            raise
+        return [response for item in group for response in decider.decide_prepared([item])]
+
+
 def answer_rows(
     decider, rows: list[tuple[int, Any]], questions: Mapping[str, Any] | None = None, served: Iterable[str] = ()
 ) -> list[dict[str, Any]]:
@@ -137,7 +148,7 @@ def answer_rows(
                 break
             tokens += prepared[end].tokens
             end += 1
-        responses += decider.decide_prepared(prepared[start:end])
+        responses += _decide_group(decider, prepared[start:end])
         start = end
     answers = iter(responses)
     records = []
