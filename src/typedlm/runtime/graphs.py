@@ -112,13 +112,15 @@ class Shape:
         table of blocks of that many tokens (see `kernel_blocks`)."""
         g, s = self.segments, self.width
         rows = self.doc_rows + self.packed_rows
-        blocks = kernel_blocks.capacity(self.doc_rows, self.packed_rows, self.documents, block_tokens or 1)
+        blocks = (
+            kernel_blocks.capacity(self.doc_rows, self.packed_rows, self.documents, block_tokens) if block_tokens else 0
+        )
         return {
             "input_ids": rows,
             "position_ids": rows,
             "write_slots": self.doc_rows,
             "cu": 3 * (self.documents + 1) + 2,  # cu_doc, cu_keys, cu_packed, (real packed rows, 0)
-            "blocks": kernel_blocks.FIELDS * blocks if block_tokens else 0,
+            "blocks": kernel_blocks.FIELDS * blocks,
             "own_rows": g * s,
             "own_mask": g * s * s // 64,  # bits, 64 per word (the width is a multiple of 8)
             "row_slot": self.packed_rows,
