@@ -10,8 +10,12 @@ the median over --repeats requests (three documents of P ≈ 1266 tokens taking 
 on CUDA the graph's own GPU time (events) and the time its launch takes on the host. Ends with one JSON line.
 The wrapping adds about a microsecond per step; the request's total is timed with it.
 
-With --no-forward (any device) the request runs the static path (as on CUDA) with each shape's forward
-replaced by the output it gave the first time: what is left is the host work alone.
+With --documents N, each forward answers N new documents together (as the server's model worker batches
+them): N requests are prepared (timed as one step), then answered by `Decider.decide_prepared`; a step that
+runs once per document is summed over them. The row is one forward's; divide by N for a document's share.
+
+With --no-forward (any device) the request runs the static path (as on CUDA) with each forward replaced by
+a constant output of its size (every label step at log 1/2): what is left is the host work alone.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import statistics
 import sys
 import time
@@ -78,16 +83,64 @@ def graph_times(slot, device: str, repeats: int) -> dict[str, float]:
 
 
 def without_forward(runner) -> None:
-    """Replace the runner's forward by the output each shape gave first (the host work stays as it is)."""
-    forward, outputs = runner.forward, {}
+    """Replace the runner's forward by a constant output of the size it gives (the host work stays as it is)."""
 
-    def remembered(slot):
-        if slot.shape not in outputs:
-            outputs[slot.shape] = forward(slot)
-        return outputs[slot.shape]
+    def constant(slot):
+        return torch.full(slot.field("step_read").shape, -math.log(2.0))
 
     runner.capture = False  # the static path, eagerly: no graph replays a forward that no longer runs
-    runner.forward = remembered
+    runner.forward = constant
+
+
+def measure(decider: Decider, args, q: int, n: int, sync) -> dict:
+    """One row: Q = `q` questions on each of `n` new documents per forward, `args.repeats` forwards."""
+    questions = make_questions(q)
+    states = [make_state(decider, args.prefix_tokens, v) for v in range(max(3, 2 * n))]  # no two alike in a forward
+
+    def documents(i: int) -> list[str]:
+        return [states[(i * n + j) % len(states)] for j in range(n)]
+
+    def answer(i: int) -> None:
+        note("prepare<")
+        requests = [decider.prepare_request(state, questions) for state in documents(i)]
+        note("prepare>")
+        decider.decide_prepared(requests)
+
+    runner = getattr(decider.engine.forward, "runner", None)  # the static forward's
+    if args.no_forward:
+        without_forward(runner)
+    for i in range(3):
+        answer(i)
+    sync()
+    row: dict = {"questions": q, "documents": n}
+    if args.device.startswith("cuda") and runner is not None and runner.slots:
+        row.update(graph_times(next(reversed(runner.slots.values())), args.device, args.repeats))
+    steps: dict[str, list[float]] = {}
+    totals = []
+    for i in range(args.repeats):
+        sync()
+        NOTES.clear()
+        note("start")
+        answer(i)
+        sync()
+        note("end")
+        totals.append((NOTES[-1][1] - NOTES[0][1]) * 1e3)
+        summed: dict[str, float] = {}  # a step met once per document counts once, its times summed
+        for (a, ta), (b, tb) in itertools.pairwise(NOTES):
+            summed[f"{a} {b}"] = summed.get(f"{a} {b}", 0.0) + (tb - ta) * 1e3
+        for step, ms in summed.items():
+            steps.setdefault(step, []).append(ms)
+    row["forward_ms"] = round(statistics.median(totals), 3)
+    row["per_document_ms"] = round(row["forward_ms"] / n, 3)
+    row["steps_ms"] = {k: round(statistics.median(v), 3) for k, v in steps.items() if len(v) == args.repeats}
+    graph = (
+        f", graph: GPU {row['graph_gpu_ms']} ms, launch {row['graph_launch_ms']} ms" if "graph_gpu_ms" in row else ""
+    )
+    per_document = f"{row['per_document_ms']} per document"
+    print(f"Q = {q}, {n} document(s) per forward: {row['forward_ms']} ms ({per_document}){graph}")
+    for step, ms in row["steps_ms"].items():
+        print(f"  {step:26s} {ms:8.3f} ms")
+    return row
 
 
 def main() -> None:
@@ -101,6 +154,7 @@ def main() -> None:
     parser.add_argument("--prefix-tokens", type=int, default=1266)
     parser.add_argument("--repeats", type=int, default=40)
     parser.add_argument("--no-forward", action="store_true", help="time the host work alone (see above)")
+    parser.add_argument("--documents", type=int, nargs="+", default=[1], help="new documents per forward")
     args = parser.parse_args()
     if args.random_qwen3_06b:
         loaded = random_qwen3_06b(Path(args.tokenizer), args.device, args.dtype or "bfloat16")
@@ -129,41 +183,8 @@ def main() -> None:
         "rows": [],
     }
     print(f"{report['model']} on {report['device']}, {report['dtype']}; kernels: {report['kernels']}")
-    for q in args.questions:
-        questions = make_questions(q)
-        states = [make_state(decider, args.prefix_tokens, v) for v in range(3)]
-        for state in states:
-            decider.decide(state, questions)
-        if args.no_forward:
-            without_forward(decider.engine.forward.runner)
-        sync()
-        row: dict = {"questions": q}
-        runner = getattr(decider.engine.forward, "runner", None)  # the static forward's
-        if cuda and runner is not None and runner.slots:
-            row.update(graph_times(next(reversed(runner.slots.values())), args.device, args.repeats))
-        steps: dict[str, list[float]] = {}
-        totals = []
-        for i in range(args.repeats):
-            sync()
-            NOTES.clear()
-            note("start")
-            decider.decide(states[i % 3], questions)
-            sync()
-            note("end")
-            totals.append((NOTES[-1][1] - NOTES[0][1]) * 1e3)
-            for (a, ta), (b, tb) in itertools.pairwise(NOTES):
-                steps.setdefault(f"{a} {b}", []).append((tb - ta) * 1e3)
-        row["request_ms"] = round(statistics.median(totals), 3)
-        row["steps_ms"] = {k: round(statistics.median(v), 3) for k, v in steps.items() if len(v) == args.repeats}
-        report["rows"].append(row)
-        graph = (
-            f", graph: GPU {row['graph_gpu_ms']} ms, launch {row['graph_launch_ms']} ms"
-            if "graph_gpu_ms" in row
-            else ""
-        )
-        print(f"Q = {q}: request {row['request_ms']} ms{graph}")
-        for step, ms in row["steps_ms"].items():
-            print(f"  {step:26s} {ms:8.3f} ms")
+    for q, n in itertools.product(args.questions, args.documents):
+        report["rows"].append(measure(decider, args, q, n, sync))
     print(json.dumps(report))
 
 
