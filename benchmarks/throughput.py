@@ -5,12 +5,18 @@ For each, C = 1, 8, 32, 128 clients send requests back to back (every request a 
 prefix cache is off), through one of two paths:
 
   in_process   the server's own model worker (`server.worker.ModelWorker`), no HTTP: prepare on the host thread,
-               waiting requests answered together by one forward (batching on) or one forward each (off)
+               waiting requests answered together by one forward (batching on) or one forward each (off, and
+               one forward in flight at a time: the worker before batching); --pipeline gives the forwards in
+               flight of the batching rows (2, the server's: the next launched while the last is finished; 1:
+               one at a time)
   http         the real server (uvicorn, `create_app`) on a loopback port, clients over HTTP (httpx)
 
-Per cell: documents/s, questions/s, p50 / p99 latency, mean requests per forward, and the share of the matrix-rate
+Per cell: documents/s, questions/s, p50 / p99 latency, mean requests per forward, the share of the matrix-rate
 limit reached (2 · non-embedding parameters · tokens per second, against --peak-tflops; on CUDA the H200's dense
-bf16 790 TFLOP/s by default). Prints a table, writes JSON and a PNG plot, and ends with one JSON line.
+bf16 790 TFLOP/s by default) and, in process on CUDA, the share of the time the GPU spent in forwards (events
+around each launch's device work: what is left is the GPU waiting for the host). --switch-interval sets Python's
+thread switch interval for a row (the threads preparing, launching and finishing share one interpreter lock).
+Prints a table, writes JSON and a PNG plot, and ends with one JSON line.
 
     python benchmarks/throughput.py                                   # CPU, the embedded model
     python benchmarks/throughput.py --device cuda --random-qwen3-0.6b --tokenizer DIR
@@ -35,7 +41,7 @@ from typedlm.core.options import EngineOptions
 from typedlm.core.questions import parse_request
 from typedlm.decide.decider import Decider
 from typedlm.server.settings import ServerSettings
-from typedlm.server.worker import HOST_THREADS, ModelWorker
+from typedlm.server.worker import HOST_THREADS, PIPELINE_DEPTH, ModelWorker
 
 sys.path.insert(0, str(Path(__file__).parent))
 from latency import add_model_arguments, load_benchmark_model, make_questions, make_state
@@ -54,6 +60,36 @@ class Documents:
     def next(self) -> str:
         self.count += 1
         return f"Ticket {self.count} (ref. {self.count * 7919 % 100003}).\n{self.base}"
+
+
+class GpuBusy:
+    """The share of the time the GPU spends in the forwards of a static runner: a CUDA event recorded before each
+    launch's device work and one after it (forwards run one after another on one stream)."""
+
+    def __init__(self, runner):
+        self.runner, self.events = runner, []
+        self.launch = runner.launch_documents
+
+        def timed(*args, **kwargs):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            launched = self.launch(*args, **kwargs)
+            end.record()
+            self.events.append((start, end))
+            return launched
+
+        runner.launch_documents = timed
+
+    def share(self) -> float | None:
+        """Of the time from the first forward's start to the last one's end, the share spent in forwards."""
+        if not self.events:
+            return None
+        torch.cuda.synchronize()
+        busy = sum(start.elapsed_time(end) for start, end in self.events)
+        return busy / self.events[0][0].elapsed_time(self.events[-1][1])
+
+    def close(self) -> None:
+        self.runner.launch_documents = self.launch
 
 
 def non_embedding_params(model: torch.nn.Module) -> int:
@@ -97,7 +133,11 @@ def in_process(
     per_client: int,
     batching: bool,
     host_threads: int = HOST_THREADS,
+    pipeline_depth: int = PIPELINE_DEPTH,
 ):
+    runner = getattr(decider.engine.forward, "runner", None)
+    cuda = runner is not None and runner.device.type == "cuda"
+    busy: list[GpuBusy] = []
     batches: list[int] = []
     tokens = [0]
 
@@ -107,13 +147,16 @@ def in_process(
 
     async def run() -> tuple[list[float], float]:
         batch = decider.max_batch if batching else 1
-        worker = ModelWorker(max_pending=10_000, max_batch=batch, on_batch=on_batch, host_threads=host_threads)
+        worker = ModelWorker(
+            max_pending=10_000, max_batch=batch, on_batch=on_batch, host_threads=host_threads,
+            pipeline_depth=pipeline_depth,
+        )  # fmt: skip
 
         async def ask():
             state = documents.next()
             return await worker.submit_batch(
                 lambda: decider.prepare_request(state, questions),
-                decider.decide_prepared,
+                decider.launch_prepared,
                 lambda prepared: prepared.tokens,
                 timeout_s=600,
             )
@@ -121,13 +164,19 @@ def in_process(
         await _clients(clients, 2, ask)  # warm-up outside the measurement (graphs of these batch shapes captured)
         batches.clear()
         tokens[0] = 0
+        if cuda:
+            busy.append(GpuBusy(runner))
         try:
             return await _clients(clients, per_client, ask)
         finally:
             worker.close()
+            for each in busy:
+                each.close()
 
     latencies, seconds = asyncio.run(run())
-    return summarise(latencies, seconds, len(questions), batches, tokens[0])
+    row = summarise(latencies, seconds, len(questions), batches, tokens[0])
+    row["gpu_busy"] = busy[0].share() if busy else None
+    return row
 
 
 def over_http(decider: Decider, documents: Documents, wire: dict, clients: int, per_client: int):
@@ -183,9 +232,12 @@ def plot(report: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    for (workload, q, path_name, batching, threads, attention), rows in _series(report).items():
+    for (workload, q, path_name, batching, threads, attention, depth, switch), rows in _series(report).items():
         xs = [row["clients"] for row in rows]
-        label = f"{workload} Q={q} {path_name} {attention} {'on' if batching else 'off'} host {threads}"
+        label = (
+            f"{workload} Q={q} {path_name} {attention} {'on' if batching else 'off'} host {threads} pipe {depth}"
+            f" switch {1000 * switch:g} ms"
+        )
         ax.plot(xs, [row["docs_per_s"] for row in rows], marker="o", linestyle="-" if batching else ":", label=label)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("concurrent clients")
@@ -201,7 +253,7 @@ def _series(report: dict) -> dict:
     for row in report["rows"]:
         key = (
             row["workload"], row["questions"], row["path"], row["batching"], row.get("host_threads", 1),
-            row.get("attention", "auto"),
+            row.get("attention", "auto"), row.get("pipeline_depth", 1), row.get("switch_interval_s", 0.005),
         )  # fmt: skip
         series.setdefault(key, []).append(row)
     return series
@@ -230,6 +282,20 @@ def main() -> None:
         choices=["auto", "kernel", "torch"],
         help="the cascade's attention, rows for each: the engine's choice, the one Triton kernel, torch's kernels",
     )
+    parser.add_argument(
+        "--pipeline",
+        type=int,
+        nargs="+",
+        default=[PIPELINE_DEPTH],
+        help=f"in process, batching on: forwards in flight, one row each (default {PIPELINE_DEPTH}, the server's)",
+    )
+    parser.add_argument(
+        "--switch-interval",
+        type=float,
+        nargs="+",
+        default=[None],
+        help="Python's thread switch interval in seconds, one row each (default: the interpreter's, 0.005)",
+    )
     parser.add_argument("--peak-tflops", type=float, default=None, help="matrix rate (default: 790 on CUDA)")
     parser.add_argument("--out", default=None, help="JSON path (default: results/throughput-<device>-<date>.json)")
     args = parser.parse_args()
@@ -249,9 +315,10 @@ def main() -> None:
     print(f"{decider.name} on {args.device} ({dtype}); {params / 1e6:.1f} M non-embedding parameters", flush=True)
     for attention, each in deciders.items():
         print(f"attention {attention}: {each.features.summary()}")
-    columns = "workload | Q | path | attention | batching | host threads | clients | docs/s | questions/s | p50 ms"
-    print(f"| {columns} | p99 ms | mean batch | of matrix rate |")
-    print("|---|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    columns = "workload | Q | path | attention | batching | pipeline | switch ms | host threads | clients | docs/s"
+    print(f"| {columns} | questions/s | p50 ms | p99 ms | mean batch | of matrix rate | GPU busy |")
+    print("|---|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    default_switch = sys.getswitchinterval()
     for workload in args.workloads:
         prefix_tokens, counts = WORKLOADS[workload]
         documents = Documents(decider, prefix_tokens)
@@ -264,28 +331,38 @@ def main() -> None:
             for path in args.paths:
                 batchings = (True,) if args.no_unbatched or path == "http" else (True, False)
                 threads = args.host_threads if path == "in_process" else [HOST_THREADS]
-                cells = itertools.product(batchings, threads, args.clients, deciders.items())
-                for batching, host_threads, clients, (attention, each) in cells:
+                depths = args.pipeline if path == "in_process" else [PIPELINE_DEPTH]
+                cells = [
+                    (batching, depth, *cell)
+                    for batching in batchings
+                    for depth in (depths if batching else [1])
+                    for cell in itertools.product(args.switch_interval, threads, args.clients, deciders.items())
+                ]
+                for batching, depth, switch, host_threads, clients, (attention, each) in cells:
+                    sys.setswitchinterval(switch or default_switch)
                     per_client = max(2, args.requests // clients)
                     if path == "in_process":
-                        row = in_process(each, documents, questions, clients, per_client, batching, host_threads)
+                        row = in_process(each, documents, questions, clients, per_client, batching, host_threads, depth)
                     else:
                         row = over_http(each, documents, wire, clients, per_client)
                     flops = 2 * params * row["tokens_per_s"]
                     row.update(
                         workload=workload, prefix_tokens=prefix_tokens, questions=q, path=path, attention=attention,
-                        attention_kernel=each.features.attention_kernel, batching=batching, host_threads=host_threads,
-                        clients=clients,
+                        attention_kernel=each.features.attention_kernel, batching=batching, pipeline_depth=depth,
+                        switch_interval_s=sys.getswitchinterval(), host_threads=host_threads, clients=clients,
                         matrix_rate=flops / (peak * 1e12) if peak else None,
                     )  # fmt: skip
                     rows.append(row)
                     share = f"{100 * row['matrix_rate']:.1f}%" if peak else "-"
+                    gpu = f"{100 * row['gpu_busy']:.1f}%" if row.get("gpu_busy") else "-"
                     print(
-                        f"| {workload} | {q} | {path} | {attention} | {'on' if batching else 'off'} | {host_threads} | "
+                        f"| {workload} | {q} | {path} | {attention} | {'on' if batching else 'off'} | {depth} | "
+                        f"{1000 * sys.getswitchinterval():g} | {host_threads} | "
                         f"{clients} | {row['docs_per_s']:.1f} | {row['questions_per_s']:.0f} | {row['p50_ms']:.1f} | "
-                        f"{row['p99_ms']:.1f} | {row['mean_batch']:.1f} | {share} |",
+                        f"{row['p99_ms']:.1f} | {row['mean_batch']:.1f} | {share} | {gpu} |",
                         flush=True,
                     )
+    sys.setswitchinterval(default_switch)
     report = {
         "benchmark": "throughput",
         "model": decider.name,

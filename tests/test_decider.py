@@ -181,3 +181,19 @@ def test_requests_decided_together_equal_each_alone(real_decider):
             assert abs(got.raw_mass - want.raw_mass) < 1e-5
             pairs = zip(question.wire_probabilities(got.to_wire()), question.wire_probabilities(want.to_wire()))
             assert max(abs(a - b) for a, b in pairs) < 1e-5
+
+
+def test_a_forward_launched_before_the_last_is_finished_answers_as_alone(real_decider):
+    """`launch_prepared` returns the function that finishes its answers: a second batch launched before the first
+    is finished (as the server's pipeline does), a document of the first repeated in it (its prefix was cached at
+    launch), answer as each request alone."""
+    loaded = LoadedModel(real_decider.engine.model, real_decider.tokenizer, real_decider.name)
+    decider = Decider(loaded, engine=EngineOptions(cuda_graphs=True, attention_kernel=False), calibration="raw")
+    question = {"refund": NoulQuestion("Does the customer ask for a refund?")}
+    first = decider.launch_prepared([decider.prepare_request(STATE, question)])
+    second = decider.launch_prepared([decider.prepare_request(s, question) for s in (STATE, "Short.")])
+    assert decider.stats()["prefix_cache"]["hits"] == 1, "the second launch found the first's document cached"
+    for states, finish in (((STATE,), first), ((STATE, "Short."), second)):
+        for state, response in zip(states, finish(), strict=True):
+            want = decider.decide(state, question).answers["refund"]
+            assert abs(response.answers["refund"].p_yes - want.p_yes) < 1e-5

@@ -113,6 +113,33 @@ def test_cuda_graphs_survive_a_growing_buffer_and_evictions(max_graphs, tokenize
     assert len(graphs.engine.forward.runner.slots) <= max_graphs
 
 
+@pytest.mark.parametrize("max_graphs", [64, 1])
+def test_forwards_launched_before_the_last_is_done_equal_each_alone(max_graphs, tokenizer, monkeypatch):
+    """The server's pipeline: forwards launched while earlier ones are still in flight (the same captured shape
+    again, its inputs rewritten and its output overwritten; a longer document that grows the buffer; with one
+    graph kept, evictions; a document repeated while its first forward runs, a prefix-cache hit) give the answers
+    each request gets alone, in bfloat16."""
+    monkeypatch.setattr(graphs_module, "MAX_GRAPHS", max_graphs)
+    model = tiny_model("qwen3", len(tokenizer)).cuda().to(torch.bfloat16)
+    loaded = LoadedModel(model, tokenizer, "tiny")
+    pipelined = Decider(loaded, calibration="raw")
+    alone = Decider(loaded, calibration="raw", prefix_cache_bytes=0)
+    states = [f"Ticket {i}: the customer was charged {i + 2} times." * (1 + i % 3) for i in range(6)]
+    batches = [[states[0]], [states[3]], [states[1], states[2]], ["word " * 700], [states[4], states[5]], [states[0]]]
+    waits = [pipelined.launch_prepared([pipelined.prepare_request(s, QUESTIONS) for s in batch]) for batch in batches]
+    worst = 0.0
+    for batch, wait in zip(batches, waits, strict=True):  # every forward was launched before any was waited for
+        for state, response in zip(batch, wait(), strict=True):
+            want = alone.decide(state, QUESTIONS).answers
+            for qid, question in QUESTIONS.items():
+                got = question.wire_probabilities(response.answers[qid].to_wire())
+                expected = question.wire_probabilities(want[qid].to_wire())
+                worst = max(worst, *(abs(a - b) for a, b in zip(got, expected, strict=True)))
+    print(f"pipelined vs alone (graphs kept: {max_graphs}): max |Δp| {worst}")
+    assert worst < 2e-3
+    assert pipelined.stats()["prefix_cache"]["hits"] >= 1, "the repeated document found the prefix of its first forward"
+
+
 def test_cuda_graphs_with_the_prefix_cache(tokenizer):
     model = tiny_model("qwen3", len(tokenizer)).cuda()
     cached = Decider(LoadedModel(model, tokenizer, "tiny"), calibration="raw")

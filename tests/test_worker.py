@@ -1,4 +1,5 @@
-"""The model worker: batching of waiting requests, token budgets, errors per request or per batch, overload."""
+"""The model worker: batching of waiting requests, token budgets, the pipeline of launches and answers, errors per
+request or per batch, overload."""
 
 from __future__ import annotations
 
@@ -13,16 +14,35 @@ from typedlm.server.worker import ModelWorker
 
 
 class SlowBatches:
-    """A fake model: each forward takes `seconds` and answers every item with its double."""
+    """A fake model on a fake device, as a GPU behaves: a launch returns at once, the device runs the forwards
+    launched one after another, each taking `seconds`; finishing one waits for its end (then `host_s` of
+    building answers) and answers every item with its double. Notes what happens, in order, in `log`."""
 
-    def __init__(self, seconds: float = 0.2):
-        self.seconds, self.sizes, self.threads = seconds, [], set()
+    def __init__(self, seconds: float = 0.2, host_s: float = 0.0):
+        self.seconds, self.host_s, self.sizes, self.threads, self.log = seconds, host_s, [], set(), []
+        self.device_free_at = 0.0
 
-    def __call__(self, items: list[int]) -> list[int]:
+    def __call__(self, items: list[int]):
         self.sizes.append(len(items))
         self.threads.add(threading.current_thread().name)
-        time.sleep(self.seconds)
-        return [2 * item for item in items]
+        self.log.append(("launch", tuple(items)))
+        self.device_free_at = end = max(time.perf_counter(), self.device_free_at) + self.seconds
+
+        def finish() -> list[int]:
+            time.sleep(max(0.0, end - time.perf_counter()) + self.host_s)
+            self.log.append(("answered", tuple(items)))
+            return [2 * item for item in items]
+
+        return finish
+
+
+def _failing(message: str):
+    """A launched forward that fails once it runs (its finish raises)."""
+
+    def finish():
+        raise RuntimeError(message)
+
+    return finish
 
 
 async def _ask(worker: ModelWorker, model, item: int, tokens: int = 1, timeout_s: float = 30.0):
@@ -31,7 +51,7 @@ async def _ask(worker: ModelWorker, model, item: int, tokens: int = 1, timeout_s
 
 def test_requests_waiting_during_a_forward_are_answered_together():
     async def main():
-        worker, model = ModelWorker(max_pending=32), SlowBatches()
+        worker, model = ModelWorker(max_pending=32, pipeline_depth=1), SlowBatches()
         first = asyncio.create_task(_ask(worker, model, 0))
         await asyncio.sleep(0.05)  # the first forward runs: the next nine wait for it
         rest = [asyncio.create_task(_ask(worker, model, i)) for i in range(1, 10)]
@@ -47,7 +67,8 @@ def test_requests_waiting_during_a_forward_are_answered_together():
 
 def test_batches_keep_to_the_token_budget_and_the_request_limit():
     async def main(max_batch: int, max_tokens: int):
-        worker, model = ModelWorker(max_pending=32, max_batch=max_batch, max_batch_tokens=max_tokens), SlowBatches()
+        worker = ModelWorker(max_pending=32, max_batch=max_batch, max_batch_tokens=max_tokens, pipeline_depth=1)
+        model = SlowBatches()
         first = asyncio.create_task(_ask(worker, model, 0, tokens=40))
         await asyncio.sleep(0.05)
         rest = [asyncio.create_task(_ask(worker, model, i, tokens=40)) for i in range(1, 7)]
@@ -67,15 +88,19 @@ def test_a_failing_prepare_fails_only_its_request_and_a_failing_forward_its_requ
     def broken(items):
         raise RuntimeError("model fault")
 
+    def broken_on_the_device(items):
+        return _failing("device fault")
+
     async def main():
         worker, model = ModelWorker(max_pending=4), SlowBatches(0.01)
         with pytest.raises(ValueError, match="bad request"):
             await worker.submit_batch(refuse, model, lambda _: 1, timeout_s=5)
         assert worker.pending == 0
         assert await _ask(worker, model, 21) == 42
-        failed = await asyncio.gather(*(_ask(worker, broken, i) for i in range(3)), return_exceptions=True)
-        assert all(isinstance(result, RuntimeError) for result in failed)
-        assert await _ask(worker, model, 5) == 10, "the model thread survives a failed forward"
+        for fault in (broken, broken_on_the_device):  # failing as it is launched, or once it runs
+            failed = await asyncio.gather(*(_ask(worker, fault, i) for i in range(3)), return_exceptions=True)
+            assert all(isinstance(result, RuntimeError) for result in failed)
+            assert await _ask(worker, model, 5) == 10, "the model thread survives a failed forward"
         await asyncio.sleep(0.01)
         assert worker.pending == 0
         worker.close()
@@ -88,17 +113,15 @@ def test_a_failed_batch_is_answered_again_one_request_at_a_time():
     the others their answers; a batch that fails only for its size (memory) answers everyone."""
 
     class Picky(SlowBatches):
-        def __call__(self, items: list[int]) -> list[int]:
-            if 13 in items:
+        def __call__(self, items: list[int]):
+            if 13 in items:  # as it is launched
                 self.sizes.append(len(items))
                 raise RuntimeError("item 13 breaks any forward it is in")
-            if len(items) > 4:
-                self.sizes.append(len(items))
-                raise RuntimeError("out of device memory")
-            return super().__call__(items)
+            finish = super().__call__(items)
+            return _failing("out of device memory") if len(items) > 4 else finish  # once it runs
 
     async def main(items: list[int]):
-        worker, model = ModelWorker(max_pending=32), Picky(0.05)
+        worker, model = ModelWorker(max_pending=32, pipeline_depth=1), Picky(0.05)
         first = asyncio.create_task(_ask(worker, model, 0))
         await asyncio.sleep(0.02)  # the first forward runs: the rest wait for it and go in one batch
         rest = [asyncio.create_task(_ask(worker, model, i)) for i in items]
@@ -152,3 +175,67 @@ def test_requests_are_prepared_on_several_host_threads_at_once():
     assert asyncio.run(main(2)) == [2, 4]
     barrier.reset()
     assert all(isinstance(r, threading.BrokenBarrierError) for r in asyncio.run(main(1)))
+
+
+def test_the_next_forward_is_launched_while_the_last_ones_answers_are_built():
+    """Two forwards in flight: the second request's forward is launched before the first's answers are done, so
+    the device runs it while the host finishes the first (with `pipeline_depth=1`, strictly one after another).
+    Launches happen on the model thread, answers on the finishing thread."""
+
+    async def main(depth: int):
+        worker = ModelWorker(max_pending=8, max_batch=1, pipeline_depth=depth)
+        model = SlowBatches(0.1, host_s=0.1)
+        results = await asyncio.gather(*(_ask(worker, model, i) for i in range(4)))
+        worker.close()
+        return results, model
+
+    results, model = asyncio.run(main(2))
+    assert results == [0, 2, 4, 6]
+    assert model.log[:5] == [
+        ("launch", (0,)),
+        ("launch", (1,)),
+        ("answered", (0,)),
+        ("launch", (2,)),
+        ("answered", (1,)),
+    ]
+    assert model.threads == {"typedlm-model"}
+    results, model = asyncio.run(main(1))
+    assert results == [0, 2, 4, 6]
+    assert model.log == [(event, (i,)) for i in range(4) for event in ("launch", "answered")]
+
+
+def test_pipelined_batches_answer_every_request_and_retry_a_failed_batch_alone():
+    """With two forwards in flight (the default), batches still answer each request with its own result, a
+    request that breaks its batch gets its error, the others their answers."""
+
+    class Picky(SlowBatches):
+        def __call__(self, items: list[int]):
+            if 13 in items and len(items) > 1:
+                raise RuntimeError("item 13 breaks any forward it is in")
+            finish = super().__call__(items)
+            return _failing("13 alone fails too") if 13 in items else finish
+
+    async def main():
+        worker, model = ModelWorker(max_pending=64), Picky(0.02)
+        results = await asyncio.gather(*(_ask(worker, model, i) for i in range(30)), return_exceptions=True)
+        worker.close()
+        return results, model
+
+    results, model = asyncio.run(main())
+    assert [r for i, r in enumerate(results) if i != 13] == [2 * i for i in range(30) if i != 13]
+    assert isinstance(results[13], RuntimeError)
+    assert max(model.sizes) > 1, "requests waiting were batched"
+
+
+def test_a_call_of_its_own_runs_once_the_forwards_in_flight_are_done():
+    async def main():
+        worker, model = ModelWorker(max_pending=8), SlowBatches(0.1)
+        batched = [asyncio.create_task(_ask(worker, model, i)) for i in range(2)]
+        await asyncio.sleep(0.02)
+        alone = await worker.submit(lambda: list(model.log), timeout_s=5)
+        await asyncio.gather(*batched)
+        worker.close()
+        return alone
+
+    seen = asyncio.run(main())
+    assert [event for event, _ in seen].count("launch") == [event for event, _ in seen].count("answered") >= 1

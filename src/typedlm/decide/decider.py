@@ -21,13 +21,15 @@ Request path (each step names the module that does it):
 
 Steps 1-3 are `prepare` (no model: a server runs it on another thread while the model works), 4-5 `forward`, which
 takes several prepared requests at once (one forward for all of them where the engine has static shapes:
-`prepare_request` / `decide_prepared`), and 6-7 `finish` and `answer`.
+`prepare_request` / `decide_prepared`), and 6-7 `finish` and `answer`. `launch` / `launch_prepared` return as
+soon as the forward is queued, with the function that waits for it and finishes: on a GPU a server launches
+the next batch's forward before it builds this one's answers.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -283,6 +285,12 @@ class Decider:
         cached prefix of it, every request's reads packed after its document. Requests on the same document share
         it (their questions join one document's; no question sees another). Returns each request's masses per read
         and its tokens served from the prefix cache."""
+        return self.launch(prepared)()
+
+    def launch(self, prepared: Sequence[Prepared]) -> Callable[[], list[tuple[list[list[float]], int]]]:
+        """`forward`, returned as soon as its forward is queued (`Engine.launch_many`; on a GPU the host is then
+        free), its documents' new prefixes already in the prefix cache: the function returned waits for the
+        forward and gives `forward`'s results."""
         groups: dict[bytes, list[int]] = {}  # a document's prefix ids → the requests on it
         for i, request in enumerate(prepared):
             groups.setdefault(request.prompt.prefix_array.tobytes(), []).append(i)
@@ -294,18 +302,22 @@ class Decider:
             documents.append((prompt.prefix_array[shared:], [it for i in members for it in prepared[i].items], base))
             bases.append(shared)
         keep = self.prefix_cache.max_bytes > 0  # a prefix that will not be cached need not be copied
-        results: list[tuple[list[list[float]], int]] = [([], 0)] * len(prepared)
-        for members, shared, (masses, prefix) in zip(
-            groups.values(), bases, self.engine.run_many(documents, keep_prefix=keep)
-        ):
+        in_flight = self.engine.launch_many(documents, keep_prefix=keep)
+        for members, shared, prefix in zip(groups.values(), bases, in_flight.prefixes):
             if prefix is not None and prefix.length > shared:
                 self.prefix_cache.insert(prepared[members[0]].prompt.prefix_ids, prefix)
-            start = 0
-            for i in members:
-                n = len(prepared[i].items)
-                results[i] = (masses[start : start + n], shared)
-                start += n
-        return results
+
+        def wait() -> list[tuple[list[list[float]], int]]:
+            results: list[tuple[list[list[float]], int]] = [([], 0)] * len(prepared)
+            for members, shared, masses in zip(groups.values(), bases, in_flight.wait()):
+                start = 0
+                for i in members:
+                    n = len(prepared[i].items)
+                    results[i] = (masses[start : start + n], shared)
+                    start += n
+            return results
+
+        return wait
 
     def finish(self, prepared: Prepared, masses: list[list[float]], cached: int, contextual: bool) -> Reading:
         """Step 6 and the reads: each read's masses (and, with `contextual`, its content-free priors) back in its
@@ -430,7 +442,18 @@ class Decider:
 
     def decide_prepared(self, requests: Sequence[PreparedRequest]) -> list[Response]:
         """Answer several prepared requests from ONE forward (see `forward`): each as `decide` would alone."""
-        forwarded = self.forward([request.reads for request in requests])
+        return self.launch_prepared(requests)()
+
+    def launch_prepared(self, requests: Sequence[PreparedRequest]) -> Callable[[], list[Response]]:
+        """`decide_prepared` with its forward queued (see `launch`): the function returned waits for it and
+        builds the responses. A server launches the next batch's forward before it finishes this one's answers,
+        so the GPU need not wait for the host between forwards."""
+        wait = self.launch([request.reads for request in requests])
+        return lambda: self._responses(requests, wait())
+
+    def _responses(
+        self, requests: Sequence[PreparedRequest], forwarded: list[tuple[list[list[float]], int]]
+    ) -> list[Response]:
         responses = []
         for request, (masses, cached) in zip(requests, forwarded):
             method, questions = request.method, request.reads.questions

@@ -9,12 +9,17 @@ its feature switches once (`features.prepare`: cascade attention, fused kernels,
 kernel) and picks one forward strategy (`forwards`): two forwards (sliding windows), one eager forward, or one
 static forward replayed as a CUDA graph. Only read rows go through the LM head, in float32 (`head`).
 
+`launch_many` queues a forward without waiting for it (on a GPU; eager strategies finish first), so the host
+can prepare the next forward meanwhile. The engine's forwards may be called from more than one thread (a
+server launches on one and finishes answers on another): each forward's launch holds the engine's lock.
+
 Memory grows as O(P + Q·S): the prefix keys/values exist once, never copied per question. Caches are
 per request and never rewound, so no question can see another's tokens.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 
 import numpy as np
@@ -24,7 +29,17 @@ from typedlm.core.errors import ModelError
 from typedlm.core.options import EngineOptions
 from typedlm.runtime import hf
 from typedlm.runtime.features import Features, prepare
-from typedlm.runtime.forwards import EagerBody, Forward, OneForward, StaticForward, TwoForwards, Work, snapshot
+from typedlm.runtime.forwards import (
+    EagerBody,
+    Forward,
+    InFlight,
+    Masses,
+    OneForward,
+    StaticForward,
+    TwoForwards,
+    Work,
+    snapshot,
+)
 from typedlm.runtime.graphs import StaticRunner
 from typedlm.runtime.head import LMHead
 from typedlm.runtime.kv import PrefixKV
@@ -47,6 +62,7 @@ class Engine:
         self.features: Features = prepare(model, options or EngineOptions(), self.shape)
         eager = EagerBody(body, self.shape, self.features.cascade, hf.takes_additive_masks(model), self.head)
         self.eager = eager
+        self.lock = threading.RLock()  # one forward's launch at a time: the runner's buffers are shared
         self.forward: Forward
         if self.features.static:
             runner = StaticRunner(
@@ -69,11 +85,13 @@ class Engine:
 
     def prefill(self, ids: Sequence[int] | np.ndarray, base: PrefixKV | None = None):
         """Run the body over `ids` after `base`; returns the cache and its length. No LM head."""
-        return self.eager.prefill(ids, base)
+        with self.lock:
+            return self.eager.prefill(ids, base)
 
     def score_suffixes(self, kv_cache, prefix_len: int, items: Sequence[PackedItem]) -> list[list[float]]:
         """Every item's group masses from ONE forward over a cache of exactly `prefix_len` tokens (see `forwards`)."""
-        return self.eager.score_suffixes(kv_cache, prefix_len, items)
+        with self.lock:
+            return self.eager.score_suffixes(kv_cache, prefix_len, items)
 
     @staticmethod
     def snapshot(kv_cache, length: int) -> PrefixKV:
@@ -91,11 +109,16 @@ class Engine:
 
         The returned prefix holds the keys/values of `base` and `ids`; without `keep_prefix` it is None.
         """
-        return self.forward.run(ids, items, base, keep_prefix)
+        with self.lock:
+            return self.forward.run(ids, items, base, keep_prefix)
 
-    def run_many(
-        self, documents: Sequence[Work], keep_prefix: bool = True
-    ) -> list[tuple[list[list[float]], PrefixKV | None]]:
+    def run_many(self, documents: Sequence[Work], keep_prefix: bool = True) -> list[tuple[Masses, PrefixKV | None]]:
         """`run` for several documents, each (new tokens, items, base): in ONE forward with static shapes (no
         document or question sees another's tokens), else one forward each. Results in the documents' order."""
-        return self.forward.run_many(documents, keep_prefix)
+        return self.launch_many(documents, keep_prefix).results()
+
+    def launch_many(self, documents: Sequence[Work], keep_prefix: bool = True) -> InFlight:
+        """`run_many`, returned as soon as its forward is queued (see `forwards.InFlight`): each document's new
+        prefix at once, the masses from `wait()`. Only a static forward on a GPU returns before it is done."""
+        with self.lock:
+            return self.forward.launch_many(documents, keep_prefix)

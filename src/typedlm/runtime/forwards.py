@@ -13,7 +13,8 @@ and the masks for layers that do not run the cascade. All of them read only the 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -30,6 +31,19 @@ Ids = Sequence[int] | np.ndarray
 
 
 Work = tuple[Ids, Sequence[PackedItem], PrefixKV | None]  # one document: its new tokens, questions, cached prefix
+Masses = list[list[float]]  # one document's: the mass of every answer group, per item
+
+
+@dataclass(frozen=True)
+class InFlight:
+    """Documents' forward launched (`launch_many`): each document's new prefix (or None) at once, its masses
+    once the forward is done (`wait`, called once)."""
+
+    prefixes: list[PrefixKV | None]
+    wait: Callable[[], list[Masses]]
+
+    def results(self) -> list[tuple[Masses, PrefixKV | None]]:
+        return list(zip(self.wait(), self.prefixes, strict=True))
 
 
 class Forward(Protocol):
@@ -42,16 +56,25 @@ class Forward(Protocol):
         """
         ...
 
-    def run_many(self, documents: Sequence[Work], keep_prefix: bool) -> list[tuple[list[list[float]], PrefixKV | None]]:
+    def run_many(self, documents: Sequence[Work], keep_prefix: bool) -> list[tuple[Masses, PrefixKV | None]]:
         """`run` for each of several documents (in one forward where the strategy can)."""
+        ...
+
+    def launch_many(self, documents: Sequence[Work], keep_prefix: bool) -> InFlight:
+        """`run_many` without waiting where the strategy can (the static forward on a GPU): the host is free
+        while the device works."""
         ...
 
 
 class OneAtATime:
-    """`run_many` as one `run` per document: for the eager strategies."""
+    """`run_many` as one `run` per document: for the eager strategies (they finish before they return)."""
 
     def run_many(self, documents, keep_prefix):
         return [self.run(ids, items, base, keep_prefix) for ids, items, base in documents]
+
+    def launch_many(self, documents, keep_prefix):
+        results = self.run_many(documents, keep_prefix)
+        return InFlight([prefix for _, prefix in results], lambda: [masses for masses, _ in results])
 
 
 def snapshot(kv_cache, length: int) -> PrefixKV:
@@ -172,19 +195,30 @@ class StaticForward:
     @torch.inference_mode()
     def run_many(self, documents, keep_prefix):
         """Every document and its questions in ONE static forward (`graphs.StaticRunner.run_documents`)."""
+        return self.launch_many(documents, keep_prefix).results()
+
+    @torch.inference_mode()
+    def launch_many(self, documents, keep_prefix):
+        """`run_many`'s forward queued on the device (`graphs.StaticRunner.launch_documents`)."""
         prefix_lens = [(base.length if base else 0) + len(ids) for ids, _, base in documents]
         batch = pack_documents(prefix_lens, [items for _, items, _ in documents])
         rows = [sum(item.rows for item in items) for _, items, _ in documents]
         work = [Document(ids, base.length if base else 0, n, base) for (ids, _, base), n in zip(documents, rows)]
-        steps, built = self.runner.run_documents(work, batch, keep=keep_prefix)
-        masses = group_masses(batch, steps)
-        results, start = [], 0
-        for d, ((ids, items, base), (layers, length, stacked)) in enumerate(zip(documents, built)):
+        launched = self.runner.launch_documents(work, batch, keep=keep_prefix)
+        prefixes = []
+        for d, ((ids, _, base), (layers, length, stacked)) in enumerate(zip(documents, launched.prefixes)):
             prefix = None
             if keep_prefix:
                 prefix = PrefixKV(layers, length, stacked) if len(ids) or base is None else base
                 if d == 0:  # the first document's keys/values stay in the buffer, from 0 on
                     self.runner.remember(prefix)
-            results.append((masses[start : start + len(items)], prefix))
-            start += len(items)
-        return results
+            prefixes.append(prefix)
+
+        def wait() -> list[Masses]:
+            masses, start, per_document = group_masses(batch, launched.steps()), 0, []
+            for _, items, _ in documents:
+                per_document.append(masses[start : start + len(items)])
+                start += len(items)
+            return per_document
+
+        return InFlight(prefixes, wait)

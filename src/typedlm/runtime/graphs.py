@@ -55,6 +55,22 @@ class Document:
     base: object | None = None
 
 
+@dataclass(frozen=True)
+class Launched:
+    """A static forward queued on the device (`StaticRunner.launch_documents`): its label steps once done, and
+    each document's (keys/values per layer or None, length, stacked keys/values or None) at once."""
+
+    host_steps: torch.Tensor
+    done: torch.cuda.Event | None
+    prefixes: list[tuple[Layers | None, int, torch.Tensor | None]]
+
+    def steps(self) -> torch.Tensor:
+        """The log-probability of every label step [K] (float32, on the CPU), waiting for the forward."""
+        if self.done is not None:
+            self.done.synchronize()
+        return self.host_steps
+
+
 def bucket(n: int, minimum: int = 16) -> int:
     """`n` rounded up to one of four steps per power of two (≤ 25% padding), at least `minimum`; 0 stays 0."""
     if n <= 0:
@@ -297,6 +313,7 @@ class StaticRunner:
         if self.kv is not None:  # grown by half at least: each growth drops every captured graph
             tokens = max(tokens, self.kv.shape[2] * 3 // 2)
         capacity = -(-tokens // KV_GRANULE) * KV_GRANULE
+        self._idle()
         self.slots.clear()  # captured graphs point at the old buffer
         self.held = []
         self.kv = None
@@ -361,8 +378,14 @@ class StaticRunner:
         slot = self.slots.pop(shape, None) or Slot(shape, self.device, self.block_tokens)
         self.slots[shape] = slot  # most recently used last
         while len(self.slots) > MAX_GRAPHS:
+            self._idle()
             self.slots.popitem(last=False)
         return slot
+
+    def _idle(self) -> None:
+        """Wait for every forward launched (`launch_documents`) before a captured graph is dropped."""
+        if self.capture:
+            torch.cuda.synchronize(self.device)
 
     def _capture(self, slot: Slot) -> None:
         setattr(self.body, CAPTURED, True)  # `kernels.fuse` must no longer move this model's weights
@@ -398,12 +421,21 @@ class StaticRunner:
         self, documents: Sequence[Document], batch: PackedBatch, keep: bool = True
     ) -> tuple[torch.Tensor, list[tuple[Layers | None, int, torch.Tensor | None]]]:
         """Several documents, each its new tokens after its cached prefix, and their questions (`batch`, laid out
-        by `packing.pack_documents`) in ONE static forward. Each document's keys take their own range of the
+        by `packing.pack_documents`) in ONE static forward (`launch_documents`, waited for)."""
+        launched = self.launch_documents(documents, batch, keep)
+        return launched.steps(), launched.prefixes
+
+    @torch.inference_mode()
+    def launch_documents(self, documents: Sequence[Document], batch: PackedBatch, keep: bool = True) -> Launched:
+        """`run_documents`' forward queued on the device, not waited for: the host can prepare the next forward
+        (or finish the last one's answers) while this one runs. Each document's keys take their own range of the
         buffer (the first's starts at 0: its cached prefix is copied only when the buffer does not hold it).
 
-        Returns the log-probability of every label step [K] (float32, on the CPU) and, per document, its new
-        prefix's keys/values (as `run`), its length, and the same keys/values stacked [L, 2, T, Hkv, D] (what a
-        later forward copies in one call; None where not kept or nothing new was computed).
+        Returns the forward in flight: the log-probability of every label step [K] (float32, on the CPU) once it
+        is done (`Launched.steps`) and at once, per document, its new prefix's keys/values (as `run`), its
+        length, and the same keys/values stacked [L, 2, T, Hkv, D] (what a later forward copies in one call;
+        None where not kept or nothing new was computed). Those are device tensors written in the stream's
+        order: any later forward, or copy, reads them after this one wrote them.
         """
         first = documents[0]
         starts, end = [], 0
@@ -427,7 +459,7 @@ class StaticRunner:
                 self._capture(slot)
             slot.graph.replay()
             steps = slot.out
-        steps = steps[: len(batch.step_token)].cpu()
+        steps, done = self._to_host(steps[: len(batch.step_token)])
         # the buffer was written from the first document's cached prefix on: it still holds that and shorter ones
         cached = first.cached
         self.held = [held for held in self.held if held.length <= cached and held is not first.base]
@@ -445,7 +477,18 @@ class StaticRunner:
                 # per layer (keys, values) [1, Hkv, T, D]: views made by few calls (host time counts at this size)
                 per_layer = snapshot.transpose(2, 3)[:, :, None].unbind(0)  # L × [2, 1, Hkv, T, D]
                 prefixes.append((tuple(pair.unbind(0) for pair in per_layer), length, snapshot))
-        return steps, prefixes
+        return Launched(steps, done, prefixes)
+
+    def _to_host(self, steps: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+        """A copy of `steps` on the host, queued now (before a later replay overwrites the graph's output) into
+        pinned memory, and the event that marks it done; on a CPU the tensor itself."""
+        if steps.device.type != "cuda":
+            return steps, None
+        host = torch.empty(steps.shape, dtype=steps.dtype, pin_memory=True)
+        host.copy_(steps, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        return host, done
 
     def remember(self, prefix) -> None:
         """Note that the buffer holds `prefix` (the one just built from `run`'s keys/values)."""

@@ -153,7 +153,7 @@ def create_app(decider: DeciderLike, settings: ServerSettings | None = None) -> 
             )
         return await worker.submit_batch(
             lambda: prepare(state, questions, calibration, order_reads),
-            decider.decide_prepared,
+            decider.launch_prepared,
             lambda prepared: prepared.tokens,
             timeout_s=settings.request_timeout_s,
         )

@@ -1,13 +1,20 @@
-"""The model worker: forward passes run on one thread, never on the event loop, behind a bounded queue.
+"""The model worker: forward passes run off the event loop, on two threads of their own, behind a bounded queue.
 
 A request is first made ready on a host thread (`prepare`: parsing into token ids, labels, limits; several
 requests at once on `host_threads` threads), so that tokenizing the next requests overlaps the current forward;
 then it waits for the model thread. Requests that arrive while a forward runs are answered together by the next
-one (`run_batch`), up to `max_batch` requests and `max_batch_tokens` tokens, as many as the largest power of two
-that fits (few batch shapes: each new one is captured as a CUDA graph); the rest go into the forward after. One
-forward for many documents is what keeps a GPU busy. A call that cannot be batched (`submit`) runs alone. A batch
-whose forward fails is answered again one request at a time, so a request gets an error only where it fails on
-its own (a fault of its own, or one it would meet alone; a batch too large for the device's memory succeeds so).
+one (`launch_batch`), up to `max_batch` requests and `max_batch_tokens` tokens, as many as the largest power of
+two that fits (few batch shapes: each new one is captured as a CUDA graph); the rest go into the forward after.
+One forward for many documents is what keeps a GPU busy.
+
+A pipeline keeps the host off the GPU's critical path: the model thread only launches a batch's forward (on a
+GPU it returns once the work is queued) and hands it to the finishing thread, which waits for it and builds its
+answers. Up to `pipeline_depth` forwards are in flight, so the next batch is gathered, packed and queued on the
+device while the current one runs and the last one's answers are built (`pipeline_depth=1`: one at a time).
+
+A call that cannot be batched (`submit`) runs alone, once the forwards in flight are done. A batch whose forward
+fails is answered again one request at a time, so a request gets an error only where it fails on its own (a
+fault of its own, or one it would meet alone; a batch too large for the device's memory succeeds so).
 
 `submit` and `submit_batch` raise a 503 (with Retry-After) when `max_pending` requests are already being prepared,
 running or waiting, and a 504 when the answer takes longer than the timeout (the forward itself finishes in the
@@ -17,6 +24,7 @@ background and still counts as pending until it does). `close` waits for in-flig
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import queue
 import threading
@@ -29,23 +37,26 @@ from typing import Any, TypeVar
 
 from typedlm.server.status import APIError
 
+logger = logging.getLogger(__name__)
+
 T = TypeVar("T")
 P = TypeVar("P")
 
 MAX_BATCH = 64  # requests answered by one forward, at most
 MAX_BATCH_TOKENS = 65536  # tokens of one forward, at most (a single larger request still runs, alone)
+PIPELINE_DEPTH = 2  # forwards in flight: one running, the next queued behind it while the host finishes answers
 # threads preparing requests (tokenizing releases the GIL): a few where there are cores to spare, else one
 HOST_THREADS = max(1, min(4, (os.cpu_count() or 1) // 2))
 
 
 @dataclass
 class _Job:
-    """One request for the model thread: a call of its own, or an item of a batchable `run_batch`."""
+    """One request for the model thread: a call of its own, or an item of a batchable `launch_batch`."""
 
     future: Future
     submitted: float
     call: Callable[[], Any] | None = None
-    run_batch: Callable[[list], list] | None = None
+    launch_batch: Callable[[list], Callable[[], list]] | None = None
     item: Any = None
     tokens: int = 0
 
@@ -63,8 +74,10 @@ class ModelWorker:
         max_batch_tokens: int = MAX_BATCH_TOKENS,
         on_batch: Callable[[int, int], None] | None = None,
         host_threads: int = HOST_THREADS,
+        pipeline_depth: int = PIPELINE_DEPTH,
     ):
         assert max_pending >= 1 and max_batch >= 1, "the queue must admit at least one request"
+        assert pipeline_depth >= 1, "at least one forward must be in flight"
         self.max_pending = max_pending
         self.retry_after_s = retry_after_s
         self.on_timing = on_timing  # (seconds waiting for the model thread, seconds of its forward) per request
@@ -73,7 +86,12 @@ class ModelWorker:
         self.pending = 0  # touched only on the event loop thread
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._host = ThreadPoolExecutor(max_workers=host_threads, thread_name_prefix="typedlm-host")
+        self.pipeline_depth = pipeline_depth
+        self._in_flight = threading.Semaphore(pipeline_depth)  # a slot per forward launched and not yet finished
+        self._finishing: queue.SimpleQueue = queue.SimpleQueue()  # what the finishing thread does, in order
+        self._finisher = threading.Thread(target=self._finish_loop, name="typedlm-finish", daemon=True)
         self._thread = threading.Thread(target=self._loop, name="typedlm-model", daemon=True)
+        self._finisher.start()
         self._thread.start()
 
     def _admit(self) -> None:
@@ -106,14 +124,17 @@ class ModelWorker:
     async def submit_batch(
         self,
         prepare: Callable[[], P],
-        run_batch: Callable[[list[P]], list[T]],
+        launch_batch: Callable[[list[P]], Callable[[], list[T]]],
         tokens: Callable[[P], int],
         *,
         timeout_s: float,
     ) -> T:
         """`prepare()` on the host thread (its errors are the request's own), then the prepared item answered by
-        `run_batch` on the model thread, together with the items of other requests waiting then for the same
-        `run_batch`; `tokens(item)` is what the item adds to a forward."""
+        `launch_batch` on the model thread, together with the items of other requests waiting then for the same
+        `launch_batch`; `tokens(item)` is what the item adds to a forward. `launch_batch(items)` queues the
+        items' work and returns the function that waits for it and gives their results in order (one that
+        works synchronously returns `lambda: results`; `Decider.launch_prepared` returns once its forward is
+        queued on the device)."""
         self._admit()
         started = time.perf_counter()
         try:
@@ -124,70 +145,129 @@ class ModelWorker:
             if isinstance(exc, TimeoutError):
                 raise APIError(504, "timeout", f"the request took longer than {timeout_s:g} s") from exc
             raise
-        job = _Job(Future(), time.perf_counter(), run_batch=run_batch, item=item, tokens=tokens(item))
+        job = _Job(Future(), time.perf_counter(), launch_batch=launch_batch, item=item, tokens=tokens(item))
         return await self._wait(job, max(timeout_s - (time.perf_counter() - started), 0.001))
 
     def _loop(self) -> None:
+        """The model thread: gather a batch, launch it, hand it to the finishing thread; at most
+        `pipeline_depth` forwards in flight (a slot is taken before gathering, so a batch takes every request
+        that arrived while the forwards before it ran)."""
         carried: deque = deque()  # jobs taken from the queue that did not go into the last batch, in order
         while True:
+            self._in_flight.acquire()
             job = carried.popleft() if carried else self._queue.get()
             if job is _STOP:
+                self._in_flight.release()
+                self._drain()
+                self._finishing.put(None)
+                self._finisher.join()
                 return
-            batch = [job]
-            if job.run_batch is not None:
-                tokens = job.tokens
-                while len(batch) < self.max_batch:
-                    try:
-                        waiting = carried.popleft() if carried else self._queue.get_nowait()
-                    except queue.Empty:
-                        break
-                    fits = tokens + getattr(waiting, "tokens", 0) <= self.max_batch_tokens
-                    if waiting is _STOP or waiting.run_batch != job.run_batch or not fits:
-                        carried.appendleft(waiting)
-                        break
-                    batch.append(waiting)
-                    tokens += waiting.tokens
-                # a power of two: batch shapes repeat (each new one is captured as a CUDA graph), the rest go next
-                keep = 1 << (len(batch).bit_length() - 1)
-                carried.extendleft(reversed(batch[keep:]))
-                del batch[keep:]
-            self._run(batch)
+            if job.launch_batch is None:  # a call of its own: alone, once the forwards in flight are done
+                self._in_flight.release()
+                self._drain()
+                self._run_call(job)
+                continue
+            batch, tokens = [job], job.tokens
+            while len(batch) < self.max_batch:
+                try:
+                    waiting = carried.popleft() if carried else self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                fits = tokens + getattr(waiting, "tokens", 0) <= self.max_batch_tokens
+                if waiting is _STOP or waiting.launch_batch != job.launch_batch or not fits:
+                    carried.appendleft(waiting)
+                    break
+                batch.append(waiting)
+                tokens += waiting.tokens
+            # a power of two: batch shapes repeat (each new one is captured as a CUDA graph), the rest go next
+            keep = 1 << (len(batch).bit_length() - 1)
+            carried.extendleft(reversed(batch[keep:]))
+            del batch[keep:]
+            self._launch(batch)
 
-    def _run(self, batch: list[_Job]) -> None:
+    def _drain(self) -> None:
+        """Wait until no forward is in flight."""
+        for _ in range(self.pipeline_depth):
+            self._in_flight.acquire()
+        for _ in range(self.pipeline_depth):
+            self._in_flight.release()
+
+    def _launch(self, batch: list[_Job]) -> None:
+        """Launch one batch's forward (its slot taken) and hand what is left to the finishing thread."""
         started = time.perf_counter()
         try:
-            if batch[0].call is not None:
-                results = [batch[0].call()]
-            else:
-                results = batch[0].run_batch([job.item for job in batch])
+            finish = batch[0].launch_batch([job.item for job in batch])
         except Exception as exc:
             if len(batch) == 1:
                 batch[0].future.set_exception(exc)
-            else:  # one request's fault (or a batch too big for the device) must not fail the others: each alone
-                for job in batch:
-                    self._answer_alone(job)
+                self._in_flight.release()
+                return
+            self._finishing.put((batch, None, started))  # each alone, on the finishing thread
         except BaseException as exc:  # handed to every request of the batch, raised there
             for job in batch:
                 job.future.set_exception(exc)
+            self._in_flight.release()
         else:
-            for job, result in zip(batch, results, strict=True):
-                job.future.set_result(result)
-        finished = time.perf_counter()
-        if self.on_batch is not None and batch[0].run_batch is not None:
+            self._finishing.put((batch, finish, started))
+
+    def _finish_loop(self) -> None:
+        """The finishing thread: each launched batch's answers, in launch order, then its slot freed."""
+        while (task := self._finishing.get()) is not None:
+            batch, finish, started = task
+            try:
+                self._finish(batch, finish, started)
+            except Exception:  # a fault past the answers (a metrics callback): the thread must go on
+                logger.exception("finishing a batch failed")
+            finally:
+                self._in_flight.release()
+
+    def _finish(self, batch: list[_Job], finish: Callable[[], list] | None, started: float) -> None:
+        """Wait for a batch's forward and answer its requests (`finish` None: its launch failed, each alone)."""
+        if finish is None:
+            self._each_alone(batch)
+        else:
+            try:
+                results = finish()
+            except Exception as exc:
+                if len(batch) == 1:
+                    batch[0].future.set_exception(exc)
+                else:
+                    self._each_alone(batch)
+            except BaseException as exc:  # handed to every request of the batch, raised there
+                for job in batch:
+                    job.future.set_exception(exc)
+            else:
+                for job, result in zip(batch, results, strict=True):
+                    job.future.set_result(result)
+        if self.on_batch is not None:
             self.on_batch(len(batch), sum(job.tokens for job in batch))
+        self._timed(batch, started)
+
+    def _run_call(self, job: _Job) -> None:
+        started = time.perf_counter()
+        try:
+            job.future.set_result(job.call())
+        except BaseException as exc:
+            job.future.set_exception(exc)
+        self._timed([job], started)
+
+    def _timed(self, batch: list[_Job], started: float) -> None:
         if self.on_timing is not None:
+            finished = time.perf_counter()
             for job in batch:
                 self.on_timing(started - job.submitted, finished - started)
 
     @staticmethod
-    def _answer_alone(job: _Job) -> None:
-        """A request of a failed batch, answered by a forward of its own: its result or its own error."""
-        try:
-            (result,) = job.run_batch([job.item])
-        except Exception as exc:
-            job.future.set_exception(exc)
-        else:
-            job.future.set_result(result)
+    def _each_alone(batch: list[_Job]) -> None:
+        """The requests of a failed batch, each answered by a forward of its own: its result or its own error (one
+        request's fault, or a batch too big for the device, must not fail the others)."""
+        for job in batch:
+            try:
+                (result,) = job.launch_batch([job.item])()
+            except Exception as exc:
+                job.future.set_exception(exc)
+            else:
+                job.future.set_result(result)
 
     def close(self) -> None:
         self._host.shutdown(wait=True)
