@@ -16,6 +16,8 @@ memory. So a request's forward is made static:
 
 Several documents can share one forward (`run_documents`): each takes its own range of the key/value buffer
 (its cached prefix copied in, then its rows), and the attention runs one range per document (`StaticPlan`).
+`launch_documents` returns once the forward is queued: its label steps come back into pinned memory behind the
+replay, so the next forward's inputs can be written (and the same graph replayed again) while it runs.
 
 Without CUDA (or with `capture=False`) the same static forward runs eagerly; tests check it against the
 dynamic path on CPU. The answers equal the dynamic path's up to floating-point summation order.
