@@ -239,3 +239,21 @@ def test_a_call_of_its_own_runs_once_the_forwards_in_flight_are_done():
 
     seen = asyncio.run(main())
     assert [event for event, _ in seen].count("launch") == [event for event, _ in seen].count("answered") >= 1
+
+
+def test_close_waits_for_the_forwards_in_flight_and_a_failing_callback_stops_nothing():
+    """Graceful shutdown with two forwards in flight: `close` returns once both are answered. A metrics callback
+    that raises is logged on the finishing thread, which goes on answering."""
+
+    def broken_callback(requests: int, tokens: int) -> None:
+        raise RuntimeError("metrics fault")
+
+    async def main():
+        worker, model = ModelWorker(max_pending=8, max_batch=1, on_batch=broken_callback), SlowBatches(0.1)
+        asks = [asyncio.create_task(_ask(worker, model, i)) for i in range(3)]
+        await asyncio.sleep(0.05)  # two launched, the third waiting for a slot
+        await asyncio.get_running_loop().run_in_executor(None, worker.close)
+        assert all(ask.done() for ask in asks), "close returned before every request was answered"
+        return [ask.result() for ask in asks]
+
+    assert asyncio.run(main()) == [0, 2, 4]
