@@ -137,7 +137,6 @@ def in_process(
 ):
     runner = getattr(decider.engine.forward, "runner", None)
     cuda = runner is not None and runner.device.type == "cuda"
-    busy: list[GpuBusy] = []
     batches: list[int] = []
     tokens = [0]
 
@@ -145,7 +144,7 @@ def in_process(
         batches.append(requests)
         tokens[0] += batch_tokens
 
-    async def run() -> tuple[list[float], float]:
+    async def run() -> tuple[list[float], float, float | None]:
         batch = decider.max_batch if batching else 1
         worker = ModelWorker(
             max_pending=10_000, max_batch=batch, on_batch=on_batch, host_threads=host_threads,
@@ -164,19 +163,17 @@ def in_process(
         await _clients(clients, 2, ask)  # warm-up outside the measurement (graphs of these batch shapes captured)
         batches.clear()
         tokens[0] = 0
-        if cuda:
-            busy.append(GpuBusy(runner))
+        monitor = GpuBusy(runner) if cuda else None
         try:
-            return await _clients(clients, per_client, ask)
+            latencies, seconds = await _clients(clients, per_client, ask)
         finally:
             worker.close()
-            for each in busy:
-                each.close()
+            if monitor is not None:
+                monitor.close()
+        return latencies, seconds, monitor.share() if monitor is not None else None
 
-    latencies, seconds = asyncio.run(run())
-    row = summarise(latencies, seconds, len(questions), batches, tokens[0])
-    row["gpu_busy"] = busy[0].share() if busy else None
-    return row
+    latencies, seconds, gpu_busy = asyncio.run(run())
+    return {**summarise(latencies, seconds, len(questions), batches, tokens[0]), "gpu_busy": gpu_busy}
 
 
 def over_http(decider: Decider, documents: Documents, wire: dict, clients: int, per_client: int):
