@@ -175,6 +175,7 @@ def test_fused_kernels_agree_with_the_models_own(dtype, tokenizer):
         fused = Decider(LoadedModel(model, tokenizer, "tiny"), calibration="raw")
         report = fused.features.fusion
         assert report is not None and report.norms > 0 and report.mlps > 0 and report.rope and not report.kept
+        assert report.norm_ropes == model.config.num_hidden_layers  # q/k norms and rotary as one kernel
         got = fused.decide(state, QUESTIONS).answers
     finally:
         unfuse_rope(model)

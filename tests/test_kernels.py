@@ -41,6 +41,8 @@ def test_reference_kernels_swap_in_and_keep_the_outputs(family, ids):
         assert report.projections == model.config.num_hidden_layers
         assert len({m.weight.untyped_storage().data_ptr() for m in _projections(attention)}) == 1
         assert report.residual_norms == model.config.num_hidden_layers
+        # Qwen3 norms each head of q and k before the rotary: the two norms and the rotary run as one op
+        assert report.norm_ropes == (model.config.num_hidden_layers if family == "qwen3" else 0)
     finally:
         unfuse_rope(model)
 
@@ -115,6 +117,49 @@ def test_a_norm_takes_handed_rows_only_for_the_sum_they_came_from():
         assert torch.allclose(norm(y), own(y))  # another tensor: its own norm
         assert torch.allclose(norm(total), own(total))  # the handed rows
         assert torch.allclose(norm(total), own(total))  # taken once: computed again, the same
+
+
+def test_a_wrong_norm_rope_is_refused(ids):
+    model = tiny_model("qwen3", 256)
+    want = _logits(model, ids)
+    reference = reference_ops()
+
+    def wrong(q, k, *args):
+        q, k = reference.norm_rope(q, k, *args)
+        return q, k.flip(-2)  # keys of the wrong positions
+
+    report = fuse(model, dataclasses.replace(reference, norm_rope=wrong))
+    try:
+        assert report.norm_ropes == 0 and "Qwen3Attention q/k norms and rotary apart" in report.kept
+        assert report.norms > 0 and report.residual_norms > 0  # the rest is fused as before
+        assert agrees(_logits(model, ids), want)
+    finally:
+        unfuse_rope(model)
+
+
+def test_a_fused_attention_with_a_cache_runs_its_own_forward():
+    """Prefill and a continuation through transformers' cache: the fused forward steps aside for the cache and
+    the logits stay the model's own."""
+    from transformers import DynamicCache
+
+    model = tiny_model("qwen3", 256)
+    ids = torch.randint(0, 200, (1, 12), generator=torch.Generator().manual_seed(1))
+
+    def prefill_then_continue():
+        with torch.inference_mode():
+            cache = DynamicCache()
+            first = model(input_ids=ids[:, :8], past_key_values=cache, use_cache=True).logits
+            rest = model(input_ids=ids[:, 8:], past_key_values=cache, use_cache=True).logits
+            return torch.cat([first, rest], dim=1)
+
+    want = prefill_then_continue()
+    report = fuse(model, reference_ops())
+    try:
+        assert report.norm_ropes == model.config.num_hidden_layers
+        assert agrees(prefill_then_continue(), want)
+        assert agrees(_logits(model, ids), want)
+    finally:
+        unfuse_rope(model)
 
 
 def test_a_wrong_kernel_is_refused(ids):
@@ -211,6 +256,27 @@ def test_rms_norm_kernel_reads_heads_of_a_joined_product_in_place(dtype):
     weight = torch.randn(128, generator=generator).to(dtype).to(DEVICE)
     got, want = rms_norm(keys, weight, 1e-6), _reference_rms_norm(keys, weight, 1e-6)
     assert got.shape == want.shape and got.is_contiguous() and agrees(got, want)
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dim", [128, 80])  # Qwen3's heads; a half that is not a power of two
+def test_norm_rope_kernel_equals_the_norms_then_the_rotary(dtype, dim):
+    from typedlm.ops.triton_ops import norm_rope
+
+    generator = torch.Generator().manual_seed(0)
+    heads, kv_heads, length = 4, 2, 37  # more rows than one program takes
+    joined = torch.randn(1, length, (heads + 2 * kv_heads) * dim, generator=generator).to(dtype).to(DEVICE)
+    q = joined[..., : heads * dim].view(1, length, heads, dim)  # heads of the joined product, read in place
+    k = joined[..., heads * dim : (heads + kv_heads) * dim].view(1, length, kv_heads, dim)
+    q_weight, k_weight = (torch.randn(dim, generator=generator).to(dtype).to(DEVICE) for _ in range(2))
+    angles = torch.randn(1, length, dim // 2, generator=generator) * 3
+    cos, sin = (f(torch.cat((angles, angles), dim=-1)).to(dtype).to(DEVICE) for f in (torch.cos, torch.sin))
+    got = norm_rope(q, k, q_weight, k_weight, 1e-6, cos, sin)
+    want = reference_ops().norm_rope(q, k, q_weight, k_weight, 1e-6, cos, sin)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and g.dtype == w.dtype and agrees(g, w)
+        assert g.transpose(1, 2).is_contiguous()  # as the model's own norm(x).transpose(1, 2) lays it out
 
 
 @needs_triton

@@ -2,8 +2,9 @@
 
 `reference_ops()` computes them in plain torch (what any fused kernel must compute, on any device: the tests
 use it); `liger_ops()` gives the Triton kernels where liger-kernel is installed (`pip install 'typedlm[cuda]'`:
-its rotary and SwiGLU product, with typedlm's own RMSNorm, joined SwiGLU and residual-add RMSNorm from
-`triton_ops`). `agrees` is the test a candidate passes before `typedlm.runtime.patching` swaps it into a model.
+its rotary and SwiGLU product, with typedlm's own RMSNorm, joined SwiGLU, residual-add RMSNorm and q/k norms
+with the rotary after them from `triton_ops`). `agrees` is the test a candidate passes before
+`typedlm.runtime.patching` swaps it into a model.
 No model and no transformers here.
 """
 
@@ -27,7 +28,10 @@ class FusedOps:
     - `silu_mul_joined(h [..., 2F]) -> [..., F]`: silu(h[..., :F])·h[..., F:], for an MLP whose gate and up
       projections run as one matrix product (None: they run apart, through `silu_mul`);
     - `add_rms_norm(x, residual, weight, eps) -> (residual + x, rms_norm(residual + x))`: a decoder layer's
-      residual add and the norm that reads its sum (None: they run apart).
+      residual add and the norm that reads its sum (None: they run apart);
+    - `norm_rope(q [B, L, H, D], k [B, L, Hkv, D], q_weight [D], k_weight [D], eps, cos [B, L, D], sin) -> (q, k)`
+      [B, H, L, D], [B, Hkv, L, D]: an attention's per-head q and k norms (`rms_norm`), then `rope`, for a model
+      that norms each head before rotating it (None: they run apart).
     """
 
     name: str
@@ -37,6 +41,7 @@ class FusedOps:
     rope: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     silu_mul_joined: Callable[[torch.Tensor], torch.Tensor] | None = None
     add_rms_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
+    norm_rope: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
 
     def runs_on(self, x: torch.Tensor) -> bool:
         return self.device_type is None or x.device.type == self.device_type
@@ -73,6 +78,12 @@ def _reference_add_rms_norm(x, residual, weight, eps):
     return total, _reference_rms_norm(total, weight, eps)
 
 
+def _reference_norm_rope(q, k, q_weight, k_weight, eps, cos, sin):
+    # q: [B, L, H, D] -> normed per head, [B, H, L, D], then rotated
+    q, k = (_reference_rms_norm(x, w, eps).transpose(1, 2) for x, w in ((q, q_weight), (k, k_weight)))
+    return _reference_rope(q, k, cos, sin)
+
+
 def reference_ops() -> FusedOps:
     """The operations in plain torch: what the fused kernels must compute."""
     return FusedOps(
@@ -83,17 +94,18 @@ def reference_ops() -> FusedOps:
         _reference_rope,
         _reference_silu_mul_joined,
         _reference_add_rms_norm,
+        _reference_norm_rope,
     )
 
 
 def liger_ops() -> FusedOps | None:
-    """Triton kernels: liger-kernel's rotary and SwiGLU product, typedlm's RMSNorm, joined SwiGLU and residual
-    add with RMSNorm (`triton_ops`); None where liger-kernel (or Triton) is not installed."""
+    """Triton kernels: liger-kernel's rotary and SwiGLU product, typedlm's RMSNorm, joined SwiGLU, residual add
+    with RMSNorm and q/k norms with rotary (`triton_ops`); None where liger-kernel (or Triton) is not installed."""
     try:
         from liger_kernel.ops.rope import LigerRopeFunction
         from liger_kernel.ops.swiglu import LigerSiLUMulFunction
 
-        from typedlm.ops.triton_ops import add_rms_norm, rms_norm, silu_mul_joined
+        from typedlm.ops.triton_ops import add_rms_norm, norm_rope, rms_norm, silu_mul_joined
     except ImportError:
         return None
     return FusedOps(
@@ -104,6 +116,7 @@ def liger_ops() -> FusedOps | None:
         lambda q, k, cos, sin: LigerRopeFunction.apply(q, k, cos, sin),
         silu_mul_joined,
         add_rms_norm,
+        norm_rope,
     )
 
 

@@ -10,6 +10,8 @@
   per-layer (keys, values) tensors;
 - `run_body(body, ...)`: calls the body with the cache under whichever keyword this transformers takes
   (`past_key_values=`, renamed `cache=` in 5.2x) and the cascade's plan as `typedlm_plan`;
+- `attention_function(attention)`: the attention function an attention module's config selects (the cascade or
+  SDPA), for a fused attention forward to call as the module's own does;
 - `rotary_function(model)` / `set_rotary_function(model, fn)`: the family's module-level
   `apply_rotary_pos_emb`, which `patching` wraps.
 """
@@ -32,6 +34,7 @@ from typedlm.ops.attention import CascadePlan, StaticPlan, cascade
 CASCADE = "typedlm_cascade"  # the attention implementation's registered name
 PLAN_KEYWORD = "typedlm_plan"  # how a forward hands its cascade plan down to every attention call
 SUPPORTED_LAYER_TYPES = ("full_attention", "sliding_attention")
+CACHE_KEYWORDS = ("cache", "past_key_values")  # what an attention's key/value cache argument is called (5.2x, 5.17)
 
 Layers = tuple[tuple[torch.Tensor, torch.Tensor], ...]  # per layer (keys, values) [1, Hkv, T, D]
 
@@ -102,6 +105,12 @@ def _register() -> None:
 
 def attention_implementation(model: torch.nn.Module) -> str:
     return model.config._attn_implementation
+
+
+def attention_function(attention: torch.nn.Module) -> Callable | None:
+    """The attention function an attention module's config selects, called as transformers' attention modules
+    call it, for the cascade and SDPA; None for any other implementation."""
+    return {CASCADE: _attention, "sdpa": sdpa_attention_forward}.get(attention.config._attn_implementation)
 
 
 def use_cascade(model: torch.nn.Module) -> bool:

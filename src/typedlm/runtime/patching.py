@@ -21,6 +21,9 @@ captured on the model, so a model that has them keeps its projections apart.
 Norms and MLPs are swapped per module instance. Rotary embeddings are a module-level function of the model's
 modeling file (`apply_rotary_pos_emb`, reached through `hf`): it is wrapped there, for every model of the family
 in this process; the wrapper calls the fused kernel only for CUDA tensors and the original otherwise.
+
+Last, forwards that chain several operations are replaced where they agree (`layer_forwards`): a decoder layer's
+residual adds fused with the norms that read them, and an attention's q/k norms with the rotary after them.
 """
 
 from __future__ import annotations
@@ -33,10 +36,16 @@ import torch
 
 from typedlm.ops.fused import FusedOps, agrees
 from typedlm.runtime import hf
+from typedlm.runtime.layer_forwards import (
+    PROBE_ROWS,
+    WRAPPED,
+    fuse_norm_rope,
+    fuse_residual_norms,
+    norm_eps,
+    probe,
+)
 
-PROBE_ROWS = 8  # rows of the random inputs a candidate is checked on
 CAPTURED = "_typedlm_graphs_captured"  # set on a model's decoder once CUDA graphs recorded its weights' addresses
-_WRAPPED = "_typedlm_fused"  # marks a forward or rotary function already swapped (its value: the ops' name)
 
 
 @dataclass
@@ -49,6 +58,7 @@ class FusionReport:
     rope: bool = False
     projections: int = 0  # attention layers whose q, k and v projections run as one matrix product
     residual_norms: int = 0  # decoder layers whose residual adds run fused with the norms that read them
+    norm_ropes: int = 0  # attention layers whose q/k norms and rotary run as one kernel
     kept: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
@@ -56,11 +66,12 @@ class FusionReport:
         rope = "fused" if self.rope else "not"
         joined = f", q/k/v joined in {self.projections} layers" if self.projections else ""
         added = f", residual adds fused with norms in {self.residual_norms} layers" if self.residual_norms else ""
-        return f"{self.ops} kernels: {self.norms} norms, {self.mlps} MLPs, rotary {rope}{joined}{added}{kept}"
+        rotated = f", q/k norms fused with rotary in {self.norm_ropes} layers" if self.norm_ropes else ""
+        return f"{self.ops} kernels: {self.norms} norms, {self.mlps} MLPs, rotary {rope}{joined}{added}{rotated}{kept}"
 
 
 def _norm_forward(module: torch.nn.Module, original: Callable, ops: FusedOps) -> Callable:
-    eps = _norm_eps(module)
+    eps = norm_eps(module)
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         return ops.rms_norm(x, module.weight, eps) if ops.runs_on(x) else original(x)
@@ -170,7 +181,7 @@ def _join_projections(model: torch.nn.Module, ops: FusedOps, report: FusionRepor
     for module in model.modules():
         if not _joinable_projections(module):
             continue
-        if getattr(module.q_proj.forward, _WRAPPED, None) == ops.name:
+        if getattr(module.q_proj.forward, WRAPPED, None) == ops.name:
             report.projections += 1  # joined by an earlier `fuse`
             continue
         if not move_weights:
@@ -179,13 +190,13 @@ def _join_projections(model: torch.nn.Module, ops: FusedOps, report: FusionRepor
                 report.kept.append(note)
             continue
         projections = [getattr(module, name) for name in PROJECTIONS]
-        x = _probe((PROBE_ROWS, module.q_proj.in_features), module.q_proj.weight)
+        x = probe((PROBE_ROWS, module.q_proj.in_features), module.q_proj.weight)
         want = [m(x) for m in projections]
         originals = [m.forward for m in projections]
         joined = _JoinedProjections(module)
         for index, (m, original) in enumerate(zip(projections, originals)):
             m.forward = joined.forward(index, original)
-            setattr(m.forward, _WRAPPED, ops.name)
+            setattr(m.forward, WRAPPED, ops.name)
         if all(agrees(m(x), w) for m, w in zip(projections, want)):
             report.projections += 1
             continue
@@ -194,135 +205,11 @@ def _join_projections(model: torch.nn.Module, ops: FusedOps, report: FusionRepor
         report.kept.append(f"{type(module).__name__} q/k/v apart")
 
 
-RESIDUAL_LAYER = ("self_attn", "mlp", "input_layernorm", "post_attention_layernorm")
-
-
-class _ResidualHandoff:
-    """A decoder layer's last residual add, fused with the norm that reads the sum next (the next layer's input
-    norm, or the final norm): the layer returns the sum and leaves the normed rows here, and that norm's call on
-    that very tensor takes them. A norm called on any other tensor computes its own."""
-
-    def __init__(self):
-        self.total: torch.Tensor | None = None
-        self.normed: torch.Tensor | None = None
-
-    def give(self, total: torch.Tensor, normed: torch.Tensor) -> torch.Tensor:
-        self.total, self.normed = total, normed
-        return total
-
-    def take(self, x: torch.Tensor) -> torch.Tensor | None:
-        if x is not self.total:
-            return None
-        normed, self.total, self.normed = self.normed, None, None
-        return normed
-
-
-class _ProbeAttention(torch.nn.Module):
-    """Stands in for a layer's attention while the layer's forward is checked: a fixed map of its input."""
-
-    def forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, None]:
-        return hidden_states.flip(-1) * 0.5, None
-
-
-def _residual_forward(
-    layer: torch.nn.Module, original: Callable, ops: FusedOps, handoff: _ResidualHandoff, next_norm
-) -> Callable:
-    """A pre-norm decoder layer (x + attention(norm(x)), then + mlp(norm(·))) with both residual adds fused
-    with the norms that read them: the attention's with the post-attention norm, the MLP's with `next_norm`."""
-    post, post_eps = layer.post_attention_layernorm, _norm_eps(layer.post_attention_layernorm)
-    next_eps = _norm_eps(next_norm) if next_norm is not None else None
-
-    def forward(hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-        if args or not ops.runs_on(hidden_states):  # positional arguments: the layer's own order, its own forward
-            return original(hidden_states, *args, **kwargs)
-        attention, *_ = layer.self_attn(hidden_states=layer.input_layernorm(hidden_states), **kwargs)
-        residual, normed = ops.add_rms_norm(attention, hidden_states, post.weight, post_eps)
-        out = layer.mlp(normed)
-        if next_norm is None:
-            return residual + out
-        return handoff.give(*ops.add_rms_norm(out, residual, next_norm.weight, next_eps))
-
-    return forward
-
-
-def _handoff_norm_forward(norm: torch.nn.Module, handoff: _ResidualHandoff) -> Callable:
-    own = norm.forward
-
-    def forward(x: torch.Tensor) -> torch.Tensor:
-        normed = handoff.take(x)
-        return normed if normed is not None else own(x)
-
-    return forward
-
-
-def _residual_layer_agrees(layer: torch.nn.Module, ops: FusedOps) -> bool:
-    """The fused forward equals the layer's own with a stand-in attention, and hands the next norm its rows."""
-    attention, post = layer.self_attn, layer.post_attention_layernorm
-    layer.self_attn = _ProbeAttention()
-    try:
-        x = _probe((1, PROBE_ROWS, post.weight.shape[0]), post.weight)
-        want = layer.forward(x)
-        if not isinstance(want, torch.Tensor):  # a layer returning a tuple (older transformers) keeps its own
-            return False
-        norm = layer.input_layernorm  # any fused norm serves as the next one
-        handoff = _ResidualHandoff()
-        alone = _residual_forward(layer, layer.forward, ops, handoff, None)(x)
-        handed = _residual_forward(layer, layer.forward, ops, handoff, norm)(x)
-        taken = handoff.take(handed)
-        return agrees(alone, want) and agrees(handed, want) and taken is not None and agrees(taken, norm(want))
-    finally:
-        layer.self_attn = attention
-
-
-def _fuse_residual_norms(model: torch.nn.Module, ops: FusedOps, report: FusionReport) -> None:
-    """Fuse every pre-norm decoder layer's residual adds with the norms that read their sums (checked per layer
-    class with a stand-in attention). Needs the layers' norms fused already (their kernels agreed)."""
-    if ops.add_rms_norm is None:
-        return
-    for decoder in model.modules():
-        layers, final = getattr(decoder, "layers", None), getattr(decoder, "norm", None)
-        if not isinstance(layers, torch.nn.ModuleList) or final is None:
-            continue
-        handoff, verdict = _ResidualHandoff(), {}
-        for i, layer in enumerate(layers):
-            if getattr(layer.forward, _WRAPPED, None) == ops.name:
-                report.residual_norms += 1  # fused by an earlier `fuse`
-                continue
-            next_norm = getattr(layers[i + 1], "input_layernorm", None) if i + 1 < len(layers) else final
-            norms = [getattr(layer, name, None) for name in RESIDUAL_LAYER[2:]] + [next_norm]
-            if not all(hasattr(layer, name) for name in RESIDUAL_LAYER) or not all(
-                getattr(n, "forward", None) is not None and getattr(n.forward, _WRAPPED, None) == ops.name
-                for n in norms
-            ):
-                continue
-            kind = type(layer)
-            if kind not in verdict:
-                verdict[kind] = _residual_layer_agrees(layer, ops)
-                if not verdict[kind]:
-                    report.kept.append(f"{kind.__name__} residual adds")
-            if not verdict[kind]:
-                continue
-            layer.forward = _residual_forward(layer, layer.forward, ops, handoff, next_norm)
-            setattr(layer.forward, _WRAPPED, ops.name)
-            next_norm.forward = _handoff_norm_forward(next_norm, handoff)
-            setattr(next_norm.forward, _WRAPPED, ops.name)
-            report.residual_norms += 1
-
-
-def _probe(shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
-    generator = torch.Generator(device=like.device).manual_seed(0)
-    return torch.randn(shape, generator=generator, device=like.device).to(like.dtype)
-
-
-def _norm_eps(module: torch.nn.Module) -> float | None:
-    return getattr(module, "variance_epsilon", getattr(module, "eps", None))
-
-
 def _is_rms_norm(module: torch.nn.Module) -> bool:
     weight = getattr(module, "weight", None)
     return (
         type(module).__name__.endswith("RMSNorm")
-        and _norm_eps(module) is not None
+        and norm_eps(module) is not None
         and weight is not None
         and weight.dim() == 1
     )
@@ -333,13 +220,13 @@ def _is_gated_mlp(module: torch.nn.Module) -> bool:
 
 
 def _norm_agrees(module: torch.nn.Module, ops: FusedOps) -> bool:
-    x = _probe((PROBE_ROWS, module.weight.shape[0]), module.weight)
-    return agrees(ops.rms_norm(x, module.weight, _norm_eps(module)), module.forward(x))
+    x = probe((PROBE_ROWS, module.weight.shape[0]), module.weight)
+    return agrees(ops.rms_norm(x, module.weight, norm_eps(module)), module.forward(x))
 
 
 def _mlp_agrees(module: torch.nn.Module, ops: FusedOps) -> bool:
     """The fused MLP as `_mlp_forward` will run it (gate and up joined where they can be) against the module's."""
-    x = _probe((PROBE_ROWS, module.gate_proj.in_features), module.gate_proj.weight)
+    x = probe((PROBE_ROWS, module.gate_proj.in_features), module.gate_proj.weight)
     joined = torch.cat([module.gate_proj.weight, module.up_proj.weight]) if _joins(module, ops) else None
     return agrees(_fused_mlp(module, x, ops, joined), module.forward(x))
 
@@ -361,7 +248,7 @@ def _swap_forwards(
     for module in model.modules():
         if not applies(module):
             continue
-        if getattr(module.forward, _WRAPPED, None) == ops.name:
+        if getattr(module.forward, WRAPPED, None) == ops.name:
             swapped += 1
             continue
         kind = type(module)
@@ -371,7 +258,7 @@ def _swap_forwards(
                 report.kept.append(kind.__name__)
         if verdict[kind]:
             forward = fused_forward(module, module.forward, ops)
-            setattr(forward, _WRAPPED, ops.name)
+            setattr(forward, WRAPPED, ops.name)
             module.forward = forward
             swapped += 1
     return swapped
@@ -383,14 +270,14 @@ def _fuse_rope(model: torch.nn.Module, ops: FusedOps, report: FusionReport) -> N
     if original is None:
         report.kept.append("rotary (no apply_rotary_pos_emb)")
         return
-    if getattr(original, _WRAPPED, None) == ops.name:
+    if getattr(original, WRAPPED, None) == ops.name:
         report.rope = True
         return
     original = getattr(original, "__wrapped__", original)
     heads, kv_heads, dim = shape.heads, shape.kv_heads, shape.head_dim
     like = next(model.parameters())
-    q, k = _probe((1, heads, PROBE_ROWS, dim), like), _probe((1, kv_heads, PROBE_ROWS, dim), like) * 0.5
-    angles = _probe((1, PROBE_ROWS, dim // 2), like).float()
+    q, k = probe((1, heads, PROBE_ROWS, dim), like), probe((1, kv_heads, PROBE_ROWS, dim), like) * 0.5
+    angles = probe((1, PROBE_ROWS, dim // 2), like).float()
     cos, sin = (f(torch.cat((angles, angles), dim=-1)).to(like.dtype) for f in (torch.cos, torch.sin))
     want_q, want_k = original(q.clone(), k.clone(), cos, sin)
     got_q, got_k = ops.rope(q.clone(), k.clone(), cos, sin)
@@ -404,21 +291,22 @@ def _fuse_rope(model: torch.nn.Module, ops: FusedOps, report: FusionReport) -> N
         return ops.rope(q, k, cos, sin)
 
     rope.__wrapped__ = original
-    setattr(rope, _WRAPPED, ops.name)
+    setattr(rope, WRAPPED, ops.name)
     hf.set_rotary_function(model, rope)
     report.rope = True
 
 
 @torch.inference_mode()
 def fuse(model: torch.nn.Module, ops: FusedOps) -> FusionReport:
-    """Swap the model's RMSNorms, SwiGLU MLPs and rotary embedding for `ops` where each agrees on a probe, and
-    join each attention's q/k/v projections into one matrix product."""
+    """Swap the model's RMSNorms, SwiGLU MLPs and rotary embedding for `ops` where each agrees on a probe, join
+    each attention's q/k/v projections into one matrix product, then fuse the attentions' q/k norms with the
+    rotary and the layers' residual adds with their norms (`layer_forwards`)."""
     report = FusionReport(ops.name)
     if not ops.runs_on(next(model.parameters())):
         report.kept.append(f"everything (these kernels need {ops.device_type})")
         return report
     captured = any(getattr(m, CAPTURED, False) for m in model.modules())
-    unswapped_mlps = any(_is_gated_mlp(m) and getattr(m.forward, _WRAPPED, None) != ops.name for m in model.modules())
+    unswapped_mlps = any(_is_gated_mlp(m) and getattr(m.forward, WRAPPED, None) != ops.name for m in model.modules())
     if ops.silu_mul_joined is not None and unswapped_mlps and captured:
         # joining moves the gate/up weights, and graphs captured earlier would read their old memory
         ops = dataclasses.replace(ops, silu_mul_joined=None)
@@ -427,7 +315,9 @@ def fuse(model: torch.nn.Module, ops: FusedOps) -> FusionReport:
     report.mlps = _swap_forwards(model, ops, report, _is_gated_mlp, _mlp_agrees, _mlp_forward)
     _fuse_rope(model, ops, report)
     _join_projections(model, ops, report, move_weights=not captured)
-    _fuse_residual_norms(model, ops, report)
+    report.norm_ropes, kept = fuse_norm_rope(model, ops)
+    report.residual_norms, kept_layers = fuse_residual_norms(model, ops)
+    report.kept += kept + kept_layers
     return report
 
 
