@@ -16,7 +16,9 @@ limit reached (2 · non-embedding parameters · tokens per second, against --pea
 bf16 790 TFLOP/s by default) and, in process on CUDA, the share of the time the GPU spent in forwards (events
 around each launch's device work: what is left is the GPU waiting for the host). --switch-interval sets Python's
 thread switch interval for a row (the threads preparing, launching and finishing share one interpreter lock).
-Prints a table, writes JSON and a PNG plot, and ends with one JSON line.
+--warmup sets the requests each client sends before a cell is measured (graphs of the batch shapes they meet are
+captured then; "graphs" is how many shapes the engine holds after the cell). Prints a table, writes JSON and a
+PNG plot, and ends with one JSON line.
 
     python benchmarks/throughput.py                                   # CPU, the embedded model
     python benchmarks/throughput.py --device cuda --random-qwen3-0.6b --tokenizer DIR
@@ -134,6 +136,7 @@ def in_process(
     batching: bool,
     host_threads: int = HOST_THREADS,
     pipeline_depth: int = PIPELINE_DEPTH,
+    warmup: int = 2,
 ):
     runner = getattr(decider.engine.forward, "runner", None)
     cuda = runner is not None and runner.device.type == "cuda"
@@ -160,7 +163,7 @@ def in_process(
                 timeout_s=600,
             )
 
-        await _clients(clients, 2, ask)  # warm-up outside the measurement (graphs of these batch shapes captured)
+        await _clients(clients, warmup, ask)  # outside the measurement (graphs of these batch shapes captured)
         batches.clear()
         tokens[0] = 0
         monitor = GpuBusy(runner) if cuda else None
@@ -173,10 +176,11 @@ def in_process(
         return latencies, seconds, monitor.share() if monitor is not None else None
 
     latencies, seconds, gpu_busy = asyncio.run(run())
-    return {**summarise(latencies, seconds, len(questions), batches, tokens[0]), "gpu_busy": gpu_busy}
+    graphs = len(runner.slots) if runner is not None else None  # shapes captured and held after the cell
+    return {**summarise(latencies, seconds, len(questions), batches, tokens[0]), "gpu_busy": gpu_busy, "graphs": graphs}
 
 
-def over_http(decider: Decider, documents: Documents, wire: dict, clients: int, per_client: int):
+def over_http(decider: Decider, documents: Documents, wire: dict, clients: int, per_client: int, warmup: int = 2):
     import httpx
     import uvicorn
 
@@ -209,7 +213,7 @@ def over_http(decider: Decider, documents: Documents, wire: dict, clients: int, 
                 reply = await client.post("/v1/systemone", json={"state": documents.next(), "questions": wire})
                 assert reply.status_code == 200, reply.text
 
-            await _clients(clients, 2, ask)
+            await _clients(clients, warmup, ask)
             batches.clear()
             tokens[0] = 0
             return await _clients(clients, per_client, ask)
@@ -293,6 +297,9 @@ def main() -> None:
         default=[None],
         help="Python's thread switch interval in seconds, one row each (default: the interpreter's, 0.005)",
     )
+    parser.add_argument(
+        "--warmup", type=int, default=2, help="requests per client before a cell is measured (default 2)"
+    )
     parser.add_argument("--peak-tflops", type=float, default=None, help="matrix rate (default: 790 on CUDA)")
     parser.add_argument("--out", default=None, help="JSON path (default: results/throughput-<device>-<date>.json)")
     args = parser.parse_args()
@@ -313,8 +320,8 @@ def main() -> None:
     for attention, each in deciders.items():
         print(f"attention {attention}: {each.features.summary()}")
     columns = "workload | Q | path | attention | batching | pipeline | switch ms | host threads | clients | docs/s"
-    print(f"| {columns} | questions/s | p50 ms | p99 ms | mean batch | of matrix rate | GPU busy |")
-    print("|---|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print(f"| {columns} | questions/s | p50 ms | p99 ms | mean batch | of matrix rate | GPU busy | graphs |")
+    print("|---|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     default_switch = sys.getswitchinterval()
     for workload in args.workloads:
         prefix_tokens, counts = WORKLOADS[workload]
@@ -339,9 +346,11 @@ def main() -> None:
                     sys.setswitchinterval(switch or default_switch)
                     per_client = max(2, args.requests // clients)
                     if path == "in_process":
-                        row = in_process(each, documents, questions, clients, per_client, batching, host_threads, depth)
+                        row = in_process(
+                            each, documents, questions, clients, per_client, batching, host_threads, depth, args.warmup
+                        )
                     else:
-                        row = over_http(each, documents, wire, clients, per_client)
+                        row = over_http(each, documents, wire, clients, per_client, args.warmup)
                     flops = 2 * params * row["tokens_per_s"]
                     row.update(
                         workload=workload, prefix_tokens=prefix_tokens, questions=q, path=path, attention=attention,
@@ -352,11 +361,12 @@ def main() -> None:
                     rows.append(row)
                     share = f"{100 * row['matrix_rate']:.1f}%" if peak else "-"
                     gpu = f"{100 * row['gpu_busy']:.1f}%" if row.get("gpu_busy") else "-"
+                    graphs = row.get("graphs") or "-"
                     print(
                         f"| {workload} | {q} | {path} | {attention} | {'on' if batching else 'off'} | {depth} | "
                         f"{1000 * sys.getswitchinterval():g} | {host_threads} | "
                         f"{clients} | {row['docs_per_s']:.1f} | {row['questions_per_s']:.0f} | {row['p50_ms']:.1f} | "
-                        f"{row['p99_ms']:.1f} | {row['mean_batch']:.1f} | {share} | {gpu} |",
+                        f"{row['p99_ms']:.1f} | {row['mean_batch']:.1f} | {share} | {gpu} | {graphs} |",
                         flush=True,
                     )
     sys.setswitchinterval(default_switch)

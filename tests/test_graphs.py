@@ -9,7 +9,7 @@ import torch
 from typedlm.core.options import EngineOptions
 from typedlm.ops.attention import attend_ranges, attend_with_lse
 from typedlm.runtime.engine import Engine
-from typedlm.runtime.graphs import Document, Shape, Slot, bucket
+from typedlm.runtime.graphs import FINE_FROM, FINE_STEP, Document, Shape, Slot, bucket
 from typedlm.runtime.packing import PackedItem, pack
 from typedlm.text.labels import LabelSet
 
@@ -28,6 +28,9 @@ def test_bucket_pads_at_most_a_quarter():
     for n in range(17, 5000):
         assert n <= bucket(n) <= 1.25 * n, n
     assert bucket(1266) == 1280 and bucket(31) == 32
+    # a forward of several long documents: a fixed step of rows, so little padding
+    assert all(n <= bucket(n) < n + FINE_STEP for n in range(FINE_FROM + 1, 70_000, 37))
+    assert bucket(10 * 1266) == 12_800  # a quarter of the power of two would give 14,336
 
 
 def test_shapes_are_shared_by_similar_requests():
