@@ -26,9 +26,9 @@ from transformers import AutoTokenizer
 sys.path.insert(0, str(Path(__file__).parent))
 from latency import make_questions, make_state
 
-from typedlm.runtime.graphs import Shape, Slot
 from typedlm.runtime.models import converted_gguf, embedded_gguf_path
 from typedlm.runtime.packing import PackedItem, pack
+from typedlm.runtime.static_inputs import Shape, Slot
 from typedlm.text.labels import Labeler
 from typedlm.text.prompt import ChatLayout
 

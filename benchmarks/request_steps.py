@@ -36,7 +36,7 @@ from latency import make_questions, make_state, random_qwen3_06b
 
 from typedlm.core.options import EngineOptions
 from typedlm.decide.decider import Decider
-from typedlm.runtime import forwards, graphs
+from typedlm.runtime import forwards, static_inputs
 from typedlm.runtime.models import load_model
 
 NOTES: list[tuple[str, float]] = []
@@ -167,7 +167,7 @@ def main() -> None:
     timed_steps(decider.layout, "tokenize", "tokenize")
     timed_steps(decider.prefix_cache, "lookup", "lookup")
     timed_steps(forwards, "pack", "pack")
-    timed_steps(graphs.Slot, "fill", "fill")
+    timed_steps(static_inputs.Slot, "fill", "fill")
     timed_steps(torch.cuda.CUDAGraph, "replay", "replay")
     timed_steps(forwards, "group_masses", "masses")
     timed_steps(Decider, "_content_free", "priors")

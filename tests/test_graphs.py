@@ -9,8 +9,8 @@ import torch
 from typedlm.core.options import EngineOptions
 from typedlm.ops.attention import attend_ranges, attend_with_lse
 from typedlm.runtime.engine import Engine
-from typedlm.runtime.graphs import FINE_FROM, FINE_STEP, Document, Shape, Slot, bucket
 from typedlm.runtime.packing import PackedItem, pack
+from typedlm.runtime.static_inputs import FINE_FROM, FINE_STEP, Document, Shape, Slot, bucket
 from typedlm.text.labels import LabelSet
 
 from .conftest import needs_triton, tiny_model

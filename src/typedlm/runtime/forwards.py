@@ -22,10 +22,11 @@ import torch
 
 from typedlm.ops.attention import CascadePlan
 from typedlm.runtime import hf
-from typedlm.runtime.graphs import Document, StaticRunner
+from typedlm.runtime.graphs import StaticRunner
 from typedlm.runtime.head import LMHead, group_masses
 from typedlm.runtime.kv import PrefixKV
 from typedlm.runtime.packing import PackedBatch, PackedItem, pack, pack_documents
+from typedlm.runtime.static_inputs import Document
 
 Ids = Sequence[int] | np.ndarray
 
