@@ -39,6 +39,19 @@ def norm_eps(module: torch.nn.Module) -> float | None:
     return getattr(module, "variance_epsilon", getattr(module, "eps", None))
 
 
+def _class_agrees(
+    verdict: dict, module: torch.nn.Module, ops: FusedOps, check: Callable, kept: list[str], note: str
+) -> bool:
+    """Whether `module`'s class passes `check(module, ops)`, run on its first instance only (`verdict` keeps the
+    answers); a class that fails is noted once in `kept`."""
+    kind = type(module)
+    if kind not in verdict:
+        verdict[kind] = check(module, ops)
+        if not verdict[kind]:
+            kept.append(note)
+    return verdict[kind]
+
+
 RESIDUAL_LAYER = ("self_attn", "mlp", "input_layernorm", "post_attention_layernorm")
 
 
@@ -143,12 +156,8 @@ def fuse_residual_norms(model: torch.nn.Module, ops: FusedOps) -> tuple[int, lis
                 getattr(n, "forward", None) is not None and getattr(n.forward, WRAPPED, None) == ops.name for n in norms
             ):
                 continue
-            kind = type(layer)
-            if kind not in verdict:
-                verdict[kind] = _residual_layer_agrees(layer, ops)
-                if not verdict[kind]:
-                    kept.append(f"{kind.__name__} residual adds")
-            if not verdict[kind]:
+            note = f"{type(layer).__name__} residual adds"
+            if not _class_agrees(verdict, layer, ops, _residual_layer_agrees, kept, note):
                 continue
             layer.forward = _residual_forward(layer, layer.forward, ops, handoff, next_norm)
             setattr(layer.forward, WRAPPED, ops.name)
@@ -249,12 +258,8 @@ def fuse_norm_rope(model: torch.nn.Module, ops: FusedOps) -> tuple[int, list[str
             continue
         if not _norm_rope_applies(attention, ops):
             continue
-        kind = type(attention)
-        if kind not in verdict:
-            verdict[kind] = _norm_rope_agrees(attention, ops)
-            if not verdict[kind]:
-                kept.append(f"{kind.__name__} q/k norms and rotary apart")
-        if verdict[kind]:
+        note = f"{type(attention).__name__} q/k norms and rotary apart"
+        if _class_agrees(verdict, attention, ops, _norm_rope_agrees, kept, note):
             attention.forward = _norm_rope_forward(attention, attention.forward, ops)
             setattr(attention.forward, WRAPPED, ops.name)
             fused += 1
