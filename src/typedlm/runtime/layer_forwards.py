@@ -9,8 +9,10 @@ chain several of them, so that the chain runs as fewer kernels:
   `k_norm`) runs the two norms and the rotary embedding as one kernel (`fuse_norm_rope`), reading each head's
   row once where it lies in the joined q/k/v product and writing it once.
 
-A replaced forward computes what the module's own computes: it runs beside it on random inputs of the model's
-shapes first, per class, and is kept only where they agree (`ops.fused.agrees`). A call the fused forward was
+`swap_forwards` swaps a fused forward into every module it applies to, checked once per module class: the
+attentions' here, `patching`'s norms and MLPs (the residual fusion, which rewires the next norm too, checks per
+class the same way). A replaced forward computes what the module's own computes: it runs beside it on random
+inputs of the model's shapes first, and is kept only where they agree (`ops.fused.agrees`). A call the fused forward was
 not built for (a key/value cache, positional arguments of another order, training, a tensor on another
 device, an attention implementation other than SDPA or the cascade) runs the module's own forward.
 """
@@ -34,6 +36,13 @@ def probe(shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
     return torch.randn(shape, generator=generator, device=like.device).to(like.dtype)
 
 
+def probe_rotary(dim: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotary cos and sin [1, PROBE_ROWS, dim] of random angles (each half the same, as rotary embeddings are)."""
+    angles = probe((1, PROBE_ROWS, dim // 2), like).float()
+    cos, sin = (f(torch.cat((angles, angles), dim=-1)).to(like.dtype) for f in (torch.cos, torch.sin))
+    return cos, sin
+
+
 def norm_eps(module: torch.nn.Module) -> float | None:
     """A norm module's epsilon, under either name transformers' norms keep it."""
     return getattr(module, "variance_epsilon", getattr(module, "eps", None))
@@ -50,6 +59,34 @@ def _class_agrees(
         if not verdict[kind]:
             kept.append(note)
     return verdict[kind]
+
+
+def swap_forwards(
+    model: torch.nn.Module,
+    ops: FusedOps,
+    applies: Callable[[torch.nn.Module], bool],
+    check: Callable[[torch.nn.Module, FusedOps], bool],
+    fused_forward: Callable[[torch.nn.Module, Callable, FusedOps], Callable],
+    note: Callable[[type], str] = lambda kind: kind.__name__,
+) -> tuple[int, list[str]]:
+    """Swap the forward of every module `applies` to whose class `check` passes (on its first instance).
+
+    Returns how many modules run `ops` now (those an earlier `fuse` swapped are neither checked nor wrapped
+    again), and `note(class)` for each class kept as it was."""
+    verdict: dict[type, bool] = {}
+    swapped, kept = 0, []
+    for module in model.modules():
+        if not applies(module):
+            continue
+        if getattr(module.forward, WRAPPED, None) == ops.name:
+            swapped += 1
+            continue
+        if _class_agrees(verdict, module, ops, check, kept, note(type(module))):
+            forward = fused_forward(module, module.forward, ops)
+            setattr(forward, WRAPPED, ops.name)
+            module.forward = forward
+            swapped += 1
+    return swapped, kept
 
 
 RESIDUAL_LAYER = ("self_attn", "mlp", "input_layernorm", "post_attention_layernorm")
@@ -216,7 +253,7 @@ def _norm_rope_forward(attention: torch.nn.Module, original: Callable, ops: Fuse
 
 def _norm_rope_applies(attention: torch.nn.Module, ops: FusedOps) -> bool:
     """An attention with per-head q and k norms whose fused kernels agreed, one epsilon, a full rotary."""
-    if not hasattr(attention, "scaling"):
+    if not all(hasattr(attention, name) for name in NORM_ROPE_PARTS) or not hasattr(attention, "scaling"):
         return False
     norms = (attention.q_norm, attention.k_norm)
     dim = getattr(attention, "head_dim", None)
@@ -234,8 +271,7 @@ def _norm_rope_agrees(attention: torch.nn.Module, ops: FusedOps) -> bool:
         return False
     like = attention.q_proj.weight
     x = probe((1, PROBE_ROWS, attention.q_proj.in_features), like)
-    angles = probe((1, PROBE_ROWS, attention.head_dim // 2), like).float()
-    cos, sin = (f(torch.cat((angles, angles), dim=-1)).to(like.dtype) for f in (torch.cos, torch.sin))
+    cos, sin = probe_rotary(attention.head_dim, like)
     want = attention.forward(hidden_states=x, position_embeddings=(cos, sin), attention_mask=None)[0]
     got = _norm_rope_attention(attention, ops, interface, x, (cos, sin), None, {})[0]
     return agrees(got, want)
@@ -247,20 +283,9 @@ def fuse_norm_rope(model: torch.nn.Module, ops: FusedOps) -> tuple[int, list[str
 
     Returns how many attentions run fused now, and the classes kept as they were (their fused forward
     disagreed)."""
-    fused, kept, verdict = 0, [], {}
     if ops.norm_rope is None:
-        return fused, kept
-    for attention in model.modules():
-        if not all(hasattr(attention, name) for name in NORM_ROPE_PARTS):
-            continue
-        if getattr(attention.forward, WRAPPED, None) == ops.name:
-            fused += 1  # fused by an earlier `fuse`
-            continue
-        if not _norm_rope_applies(attention, ops):
-            continue
-        note = f"{type(attention).__name__} q/k norms and rotary apart"
-        if _class_agrees(verdict, attention, ops, _norm_rope_agrees, kept, note):
-            attention.forward = _norm_rope_forward(attention, attention.forward, ops)
-            setattr(attention.forward, WRAPPED, ops.name)
-            fused += 1
-    return fused, kept
+        return 0, []
+    return swap_forwards(
+        model, ops, lambda module: _norm_rope_applies(module, ops), _norm_rope_agrees, _norm_rope_forward,
+        note=lambda kind: f"{kind.__name__} q/k norms and rotary apart",
+    )  # fmt: skip

@@ -43,6 +43,8 @@ from typedlm.runtime.layer_forwards import (
     fuse_residual_norms,
     norm_eps,
     probe,
+    probe_rotary,
+    swap_forwards,
 )
 
 CAPTURED = "_typedlm_graphs_captured"  # set on a model's decoder once CUDA graphs recorded its weights' addresses
@@ -231,39 +233,6 @@ def _mlp_agrees(module: torch.nn.Module, ops: FusedOps) -> bool:
     return agrees(_fused_mlp(module, x, ops, joined), module.forward(x))
 
 
-def _swap_forwards(
-    model: torch.nn.Module,
-    ops: FusedOps,
-    report: FusionReport,
-    applies: Callable[[torch.nn.Module], bool],
-    check: Callable[[torch.nn.Module, FusedOps], bool],
-    fused_forward: Callable[[torch.nn.Module, Callable, FusedOps], Callable],
-) -> int:
-    """Swap the forward of every module `applies` to whose class `check` passes (on its first instance).
-
-    Returns how many modules run `ops` now; those an earlier `fuse` swapped are neither checked nor wrapped again.
-    """
-    verdict: dict[type, bool] = {}
-    swapped = 0
-    for module in model.modules():
-        if not applies(module):
-            continue
-        if getattr(module.forward, WRAPPED, None) == ops.name:
-            swapped += 1
-            continue
-        kind = type(module)
-        if kind not in verdict:
-            verdict[kind] = check(module, ops)
-            if not verdict[kind]:
-                report.kept.append(kind.__name__)
-        if verdict[kind]:
-            forward = fused_forward(module, module.forward, ops)
-            setattr(forward, WRAPPED, ops.name)
-            module.forward = forward
-            swapped += 1
-    return swapped
-
-
 def _fuse_rope(model: torch.nn.Module, ops: FusedOps, report: FusionReport) -> None:
     shape = hf.ModelShape.of(model)
     original = hf.rotary_function(model)
@@ -277,8 +246,7 @@ def _fuse_rope(model: torch.nn.Module, ops: FusedOps, report: FusionReport) -> N
     heads, kv_heads, dim = shape.heads, shape.kv_heads, shape.head_dim
     like = next(model.parameters())
     q, k = probe((1, heads, PROBE_ROWS, dim), like), probe((1, kv_heads, PROBE_ROWS, dim), like) * 0.5
-    angles = probe((1, PROBE_ROWS, dim // 2), like).float()
-    cos, sin = (f(torch.cat((angles, angles), dim=-1)).to(like.dtype) for f in (torch.cos, torch.sin))
+    cos, sin = probe_rotary(dim, like)
     want_q, want_k = original(q.clone(), k.clone(), cos, sin)
     got_q, got_k = ops.rope(q.clone(), k.clone(), cos, sin)
     if not (agrees(got_q, want_q) and agrees(got_k, want_k)):
@@ -311,8 +279,9 @@ def fuse(model: torch.nn.Module, ops: FusedOps) -> FusionReport:
         # joining moves the gate/up weights, and graphs captured earlier would read their old memory
         ops = dataclasses.replace(ops, silu_mul_joined=None)
         report.kept.append("gate/up apart (CUDA graphs already captured on this model)")
-    report.norms = _swap_forwards(model, ops, report, _is_rms_norm, _norm_agrees, _norm_forward)
-    report.mlps = _swap_forwards(model, ops, report, _is_gated_mlp, _mlp_agrees, _mlp_forward)
+    report.norms, kept_norms = swap_forwards(model, ops, _is_rms_norm, _norm_agrees, _norm_forward)
+    report.mlps, kept_mlps = swap_forwards(model, ops, _is_gated_mlp, _mlp_agrees, _mlp_forward)
+    report.kept += kept_norms + kept_mlps
     _fuse_rope(model, ops, report)
     _join_projections(model, ops, report, move_weights=not captured)
     report.norm_ropes, kept = fuse_norm_rope(model, ops)
