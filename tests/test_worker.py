@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -16,11 +17,14 @@ from typedlm.server.worker import ModelWorker
 class SlowBatches:
     """A fake model on a fake device, as a GPU behaves: a launch returns at once, the device runs the forwards
     launched one after another, each taking `seconds`; finishing one waits for its end (then `host_s` of
-    building answers) and answers every item with its double. Notes what happens, in order, in `log`."""
+    building answers) and answers every item with its double. Notes what happens, in order, in `log`. A
+    forward does not finish before `opened` is set (it is, unless a test holds the forwards back)."""
 
     def __init__(self, seconds: float = 0.2, host_s: float = 0.0):
         self.seconds, self.host_s, self.sizes, self.threads, self.log = seconds, host_s, [], set(), []
         self.device_free_at = 0.0
+        self.opened = threading.Event()
+        self.opened.set()
 
     def __call__(self, items: list[int]):
         self.sizes.append(len(items))
@@ -30,6 +34,7 @@ class SlowBatches:
 
         def finish() -> list[int]:
             time.sleep(max(0.0, end - time.perf_counter()) + self.host_s)
+            self.opened.wait(timeout=30)
             self.log.append(("answered", tuple(items)))
             return [2 * item for item in items]
 
@@ -49,13 +54,29 @@ async def _ask(worker: ModelWorker, model, item: int, tokens: int = 1, timeout_s
     return await worker.submit_batch(lambda: item, model, lambda _: tokens, timeout_s=timeout_s)
 
 
+async def _until(condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    deadline = time.perf_counter() + timeout_s
+    while not condition():
+        assert time.perf_counter() < deadline, "the worker never got there"
+        await asyncio.sleep(0.001)
+
+
+async def _first_then_waiting(worker: ModelWorker, model: SlowBatches, items: list[int], tokens: int = 1) -> list:
+    """Item 0 alone in a forward that is held until `items` are all prepared and waiting for the model thread (so
+    they meet the next forward together, however slow this machine is), then everyone's answers (or errors)."""
+    model.opened.clear()
+    first = asyncio.create_task(_ask(worker, model, 0, tokens))
+    await _until(lambda: len(model.sizes) == 1)
+    rest = [asyncio.create_task(_ask(worker, model, i, tokens)) for i in items]
+    await _until(lambda: worker._queue.qsize() == len(items))  # the worker's own queue: what it batches next
+    model.opened.set()
+    return await asyncio.gather(first, *rest, return_exceptions=True)
+
+
 def test_requests_waiting_during_a_forward_are_answered_together():
     async def main():
-        worker, model = ModelWorker(max_pending=32, pipeline_depth=1), SlowBatches()
-        first = asyncio.create_task(_ask(worker, model, 0))
-        await asyncio.sleep(0.05)  # the first forward runs: the next nine wait for it
-        rest = [asyncio.create_task(_ask(worker, model, i)) for i in range(1, 10)]
-        results = await asyncio.gather(first, *rest)
+        worker, model = ModelWorker(max_pending=32, pipeline_depth=1), SlowBatches(0.01)
+        results = await _first_then_waiting(worker, model, list(range(1, 10)))  # nine wait for the first forward
         worker.close()
         return results, model
 
@@ -68,11 +89,8 @@ def test_requests_waiting_during_a_forward_are_answered_together():
 def test_batches_keep_to_the_token_budget_and_the_request_limit():
     async def main(max_batch: int, max_tokens: int):
         worker = ModelWorker(max_pending=32, max_batch=max_batch, max_batch_tokens=max_tokens, pipeline_depth=1)
-        model = SlowBatches()
-        first = asyncio.create_task(_ask(worker, model, 0, tokens=40))
-        await asyncio.sleep(0.05)
-        rest = [asyncio.create_task(_ask(worker, model, i, tokens=40)) for i in range(1, 7)]
-        await asyncio.gather(first, *rest)
+        model = SlowBatches(0.01)
+        await _first_then_waiting(worker, model, list(range(1, 7)), tokens=40)
         worker.close()
         return model.sizes
 
@@ -121,11 +139,8 @@ def test_a_failed_batch_is_answered_again_one_request_at_a_time():
             return _failing("out of device memory") if len(items) > 4 else finish  # once it runs
 
     async def main(items: list[int]):
-        worker, model = ModelWorker(max_pending=32, pipeline_depth=1), Picky(0.05)
-        first = asyncio.create_task(_ask(worker, model, 0))
-        await asyncio.sleep(0.02)  # the first forward runs: the rest wait for it and go in one batch
-        rest = [asyncio.create_task(_ask(worker, model, i)) for i in items]
-        results = await asyncio.gather(first, *rest, return_exceptions=True)
+        worker, model = ModelWorker(max_pending=32, pipeline_depth=1), Picky(0.01)
+        results = await _first_then_waiting(worker, model, items)  # the rest wait for the first, go in one batch
         worker.close()
         return results[1:], model.sizes
 
@@ -231,7 +246,7 @@ def test_a_call_of_its_own_runs_once_the_forwards_in_flight_are_done():
     async def main():
         worker, model = ModelWorker(max_pending=8), SlowBatches(0.1)
         batched = [asyncio.create_task(_ask(worker, model, i)) for i in range(2)]
-        await asyncio.sleep(0.02)
+        await _until(lambda: len(model.log) > 0)  # a forward launched
         alone = await worker.submit(lambda: list(model.log), timeout_s=5)
         await asyncio.gather(*batched)
         worker.close()
@@ -251,7 +266,7 @@ def test_close_waits_for_the_forwards_in_flight_and_a_failing_callback_stops_not
     async def main():
         worker, model = ModelWorker(max_pending=8, max_batch=1, on_batch=broken_callback), SlowBatches(0.1)
         asks = [asyncio.create_task(_ask(worker, model, i)) for i in range(3)]
-        await asyncio.sleep(0.05)  # two launched, the third waiting for a slot
+        await _until(lambda: len(model.sizes) == 2 and worker._queue.qsize() == 1)  # two launched, one waiting
         await asyncio.get_running_loop().run_in_executor(None, worker.close)
         assert all(ask.done() for ask in asks), "close returned before every request was answered"
         return [ask.result() for ask in asks]
