@@ -14,7 +14,10 @@ prefix cache is off), through one of two paths:
 Per cell: documents/s, questions/s, p50 / p99 latency, mean requests per forward, the share of the matrix-rate
 limit reached (2 · non-embedding parameters · tokens per second, against --peak-tflops; on CUDA the H200's dense
 bf16 790 TFLOP/s by default) and, in process on CUDA, the share of the time the GPU spent in forwards (events
-around each launch's device work: what is left is the GPU waiting for the host). --switch-interval sets Python's
+around each launch's device work: what is left is the GPU waiting for the host) and the GPU's time per document
+(those events' sum over the documents answered: what `request_steps.py` measures for one forward, here under
+sustained load). --gather-gap gives the batching rows' wait for more requests while a forward is in flight (the
+worker's `gather_gap_s`; 0 turns it off). --switch-interval sets Python's
 thread switch interval for a row (the threads preparing, launching and finishing share one interpreter lock).
 --warmup sets the requests each client sends before a cell is measured (graphs of the batch shapes they meet are
 captured then; "graphs" is how many shapes the engine holds after the cell). Prints a table, writes JSON and a
@@ -43,7 +46,7 @@ from typedlm.core.options import EngineOptions
 from typedlm.core.questions import parse_request
 from typedlm.decide.decider import Decider
 from typedlm.server.settings import ServerSettings
-from typedlm.server.worker import HOST_THREADS, PIPELINE_DEPTH, ModelWorker
+from typedlm.server.worker import GATHER_GAP_S, HOST_THREADS, PIPELINE_DEPTH, ModelWorker
 
 sys.path.insert(0, str(Path(__file__).parent))
 from latency import add_model_arguments, load_benchmark_model, make_questions, make_state
@@ -82,13 +85,16 @@ class GpuBusy:
 
         runner.launch_documents = timed
 
+    def busy_ms(self) -> float:
+        """The GPU's time in the forwards, ms."""
+        torch.cuda.synchronize()
+        return sum(start.elapsed_time(end) for start, end in self.events)
+
     def share(self) -> float | None:
         """Of the time from the first forward's start to the last one's end, the share spent in forwards."""
         if not self.events:
             return None
-        torch.cuda.synchronize()
-        busy = sum(start.elapsed_time(end) for start, end in self.events)
-        return busy / self.events[0][0].elapsed_time(self.events[-1][1])
+        return self.busy_ms() / self.events[0][0].elapsed_time(self.events[-1][1])
 
     def close(self) -> None:
         self.runner.launch_documents = self.launch
@@ -137,6 +143,7 @@ def in_process(
     host_threads: int = HOST_THREADS,
     pipeline_depth: int = PIPELINE_DEPTH,
     warmup: int = 2,
+    gather_gap_s: float = GATHER_GAP_S,
 ):
     runner = getattr(decider.engine.forward, "runner", None)
     cuda = runner is not None and runner.device.type == "cuda"
@@ -147,11 +154,11 @@ def in_process(
         batches.append(requests)
         tokens[0] += batch_tokens
 
-    async def run() -> tuple[list[float], float, float | None]:
+    async def run() -> tuple[list[float], float, tuple[float, float] | None]:
         batch = decider.max_batch if batching else 1
         worker = ModelWorker(
             max_pending=10_000, max_batch=batch, on_batch=on_batch, host_threads=host_threads,
-            pipeline_depth=pipeline_depth,
+            pipeline_depth=pipeline_depth, gather_gap_s=gather_gap_s,
         )  # fmt: skip
 
         async def ask():
@@ -173,11 +180,14 @@ def in_process(
             worker.close()
             if monitor is not None:
                 monitor.close()
-        return latencies, seconds, monitor.share() if monitor is not None else None
+        gpu = (monitor.share(), monitor.busy_ms() / sum(batches)) if monitor is not None and batches else None
+        return latencies, seconds, gpu
 
-    latencies, seconds, gpu_busy = asyncio.run(run())
+    latencies, seconds, gpu = asyncio.run(run())
     graphs = len(runner.slots) if runner is not None else None  # shapes captured and held after the cell
-    return {**summarise(latencies, seconds, len(questions), batches, tokens[0]), "gpu_busy": gpu_busy, "graphs": graphs}
+    gpu_busy, gpu_ms_per_doc = gpu or (None, None)
+    summary = summarise(latencies, seconds, len(questions), batches, tokens[0])
+    return {**summary, "gpu_busy": gpu_busy, "gpu_ms_per_doc": gpu_ms_per_doc, "graphs": graphs}
 
 
 def over_http(decider: Decider, documents: Documents, wire: dict, clients: int, per_client: int, warmup: int = 2):
@@ -233,11 +243,11 @@ def plot(report: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    for (workload, q, path_name, batching, threads, attention, depth, switch), rows in _series(report).items():
+    for (workload, q, path_name, batching, threads, attention, depth, switch, gap), rows in _series(report).items():
         xs = [row["clients"] for row in rows]
         label = (
             f"{workload} Q={q} {path_name} {attention} {'on' if batching else 'off'} host {threads} pipe {depth}"
-            f" switch {1000 * switch:g} ms"
+            f" switch {1000 * switch:g} ms gather {1000 * gap:g} ms"
         )
         ax.plot(xs, [row["docs_per_s"] for row in rows], marker="o", linestyle="-" if batching else ":", label=label)
     ax.set_xscale("log", base=2)
@@ -255,6 +265,7 @@ def _series(report: dict) -> dict:
         key = (
             row["workload"], row["questions"], row["path"], row["batching"], row.get("host_threads", 1),
             row.get("attention", "auto"), row.get("pipeline_depth", 1), row.get("switch_interval_s", 0.005),
+            row.get("gather_gap_s", 0.0),
         )  # fmt: skip
         series.setdefault(key, []).append(row)
     return series
@@ -291,6 +302,13 @@ def main() -> None:
         help=f"in process, batching on: forwards in flight, one row each (default {PIPELINE_DEPTH}, the server's)",
     )
     parser.add_argument(
+        "--gather-gap",
+        type=float,
+        nargs="+",
+        default=[GATHER_GAP_S],
+        help=f"in process, batching on: the worker's gather gap in seconds, one row each (default {GATHER_GAP_S})",
+    )
+    parser.add_argument(
         "--switch-interval",
         type=float,
         nargs="+",
@@ -319,9 +337,13 @@ def main() -> None:
     print(f"{decider.name} on {args.device} ({dtype}); {params / 1e6:.1f} M non-embedding parameters", flush=True)
     for attention, each in deciders.items():
         print(f"attention {attention}: {each.features.summary()}")
-    columns = "workload | Q | path | attention | batching | pipeline | switch ms | host threads | clients | docs/s"
-    print(f"| {columns} | questions/s | p50 ms | p99 ms | mean batch | of matrix rate | GPU busy | graphs |")
-    print("|---|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    columns = " | ".join(
+        ("workload", "Q", "path", "attention", "batching", "pipeline", "gather ms", "switch ms", "host threads",
+         "clients", "docs/s", "questions/s", "p50 ms", "p99 ms", "mean batch", "of matrix rate", "GPU busy",
+         "GPU ms/doc", "graphs")
+    )  # fmt: skip
+    print(f"| {columns} |")
+    print("|---|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     default_switch = sys.getswitchinterval()
     for workload in args.workloads:
         prefix_tokens, counts = WORKLOADS[workload]
@@ -336,37 +358,41 @@ def main() -> None:
                 batchings = (True,) if args.no_unbatched or path == "http" else (True, False)
                 threads = args.host_threads if path == "in_process" else [HOST_THREADS]
                 depths = args.pipeline if path == "in_process" else [PIPELINE_DEPTH]
+                gaps = args.gather_gap if path == "in_process" else [GATHER_GAP_S]
                 cells = [
-                    (batching, depth, *cell)
+                    (batching, depth, gap, *cell)
                     for batching in batchings
                     for depth in (depths if batching else [1])
+                    for gap in (gaps if batching else [0.0])
                     for cell in itertools.product(args.switch_interval, threads, args.clients, deciders.items())
                 ]
-                for batching, depth, switch, host_threads, clients, (attention, each) in cells:
+                for batching, depth, gap, switch, host_threads, clients, (attention, each) in cells:
                     sys.setswitchinterval(switch or default_switch)
                     per_client = max(2, args.requests // clients)
                     if path == "in_process":
                         row = in_process(
-                            each, documents, questions, clients, per_client, batching, host_threads, depth, args.warmup
-                        )
+                            each, documents, questions, clients, per_client, batching, host_threads, depth, args.warmup,
+                            gap,
+                        )  # fmt: skip
                     else:
                         row = over_http(each, documents, wire, clients, per_client, args.warmup)
                     flops = 2 * params * row["tokens_per_s"]
                     row.update(
                         workload=workload, prefix_tokens=prefix_tokens, questions=q, path=path, attention=attention,
                         attention_kernel=each.features.attention_kernel, batching=batching, pipeline_depth=depth,
-                        switch_interval_s=sys.getswitchinterval(), host_threads=host_threads, clients=clients,
-                        matrix_rate=flops / (peak * 1e12) if peak else None,
+                        gather_gap_s=gap, switch_interval_s=sys.getswitchinterval(), host_threads=host_threads,
+                        clients=clients, matrix_rate=flops / (peak * 1e12) if peak else None,
                     )  # fmt: skip
                     rows.append(row)
                     share = f"{100 * row['matrix_rate']:.1f}%" if peak else "-"
                     gpu = f"{100 * row['gpu_busy']:.1f}%" if row.get("gpu_busy") else "-"
                     graphs = row.get("graphs") or "-"
+                    per_doc = f"{row['gpu_ms_per_doc']:.2f}" if row.get("gpu_ms_per_doc") else "-"
                     print(
                         f"| {workload} | {q} | {path} | {attention} | {'on' if batching else 'off'} | {depth} | "
-                        f"{1000 * sys.getswitchinterval():g} | {host_threads} | "
+                        f"{1000 * gap:g} | {1000 * sys.getswitchinterval():g} | {host_threads} | "
                         f"{clients} | {row['docs_per_s']:.1f} | {row['questions_per_s']:.0f} | {row['p50_ms']:.1f} | "
-                        f"{row['p99_ms']:.1f} | {row['mean_batch']:.1f} | {share} | {gpu} | {graphs} |",
+                        f"{row['p99_ms']:.1f} | {row['mean_batch']:.1f} | {share} | {gpu} | {per_doc} | {graphs} |",
                         flush=True,
                     )
     sys.setswitchinterval(default_switch)

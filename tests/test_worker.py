@@ -99,6 +99,43 @@ def test_batches_keep_to_the_token_budget_and_the_request_limit():
     assert asyncio.run(main(64, 10)) == [1, 1, 1, 1, 1, 1, 1], "a request over the budget still runs, alone"
 
 
+def test_with_a_forward_in_flight_a_batch_waits_for_the_requests_arriving_one_after_another():
+    """Requests that arrive a few milliseconds apart while another forward runs go into one batch (the wait
+    ends a gap after the last of them); with the wait off the first of them is launched alone. With nothing in
+    flight a request is launched at once, however long the gap."""
+
+    async def main(gap_s: float):
+        worker, model = ModelWorker(max_pending=32, pipeline_depth=2, gather_gap_s=gap_s), SlowBatches(0.6)
+        await _ask(worker, model, 0)  # one forward measured: the wait is at most a share of its time
+        running = asyncio.create_task(_ask(worker, model, 1))
+        await _until(lambda: len(model.sizes) == 2)
+        arriving = []
+        for i in range(2, 6):  # one after another, 10 ms apart, while forward 1 runs
+            arriving.append(asyncio.create_task(_ask(worker, model, i)))
+            await asyncio.sleep(0.01)
+        results = await asyncio.gather(running, *arriving)
+        worker.close()
+        return results, model.sizes
+
+    results, sizes = asyncio.run(main(0.1))
+    assert results == [2, 4, 6, 8, 10]
+    assert sizes == [1, 1, 4], "the four arriving during forward 1 were answered together"
+    results, sizes = asyncio.run(main(0.0))
+    assert results == [2, 4, 6, 8, 10]
+    assert sizes[:3] == [1, 1, 1], "without the wait the first to arrive went alone"
+
+    async def alone() -> float:
+        worker, model = ModelWorker(max_pending=4, pipeline_depth=2, gather_gap_s=5.0), SlowBatches(0.05)
+        await _ask(worker, model, 0)
+        started = time.perf_counter()
+        await _ask(worker, model, 1)
+        seconds = time.perf_counter() - started
+        worker.close()
+        return seconds
+
+    assert asyncio.run(alone()) < 2.5, "nothing in flight: no wait"
+
+
 def test_a_failing_prepare_fails_only_its_request_and_a_failing_forward_its_requests():
     def refuse():
         raise ValueError("bad request")

@@ -12,6 +12,12 @@ GPU it returns once the work is queued) and hands it to the finishing thread, wh
 answers. Up to `pipeline_depth` forwards are in flight, so the next batch is gathered, packed and queued on the
 device while the current one runs and the last one's answers are built (`pipeline_depth=1`: one at a time).
 
+While another forward is in flight (the device has work), a batch being gathered waits a little for more
+requests: until `gather_gap_s` passes without one arriving, and for at most `GATHER_SHARE` of the last
+forward's time. The clients of a batch just answered send their next requests within a few milliseconds of
+each other; without the wait the next batch would be launched with the first of them and the rest would wait
+for the one after. With nothing in flight, a batch is launched at once (a lone client waits for nothing).
+
 A call that cannot be batched (`submit`) runs alone, once the forwards in flight are done. A batch whose forward
 fails is answered again one request at a time, so a request gets an error only where it fails on its own (a
 fault of its own, or one it would meet alone; a batch too large for the device's memory succeeds so).
@@ -45,6 +51,8 @@ P = TypeVar("P")
 MAX_BATCH = 64  # requests answered by one forward, at most
 MAX_BATCH_TOKENS = 65536  # tokens of one forward, at most (a single larger request still runs, alone)
 PIPELINE_DEPTH = 2  # forwards in flight: one running, the next queued behind it while the host finishes answers
+GATHER_GAP_S = 0.002  # with a forward in flight, a batch waits for more requests until this passes without one
+GATHER_SHARE = 0.25  # ... and for at most this share of the last forward's time (launch to answers)
 # threads preparing requests (tokenizing releases the GIL): a few where there are cores to spare, else one
 HOST_THREADS = max(1, min(4, (os.cpu_count() or 1) // 2))
 
@@ -75,9 +83,11 @@ class ModelWorker:
         on_batch: Callable[[int, int], None] | None = None,
         host_threads: int = HOST_THREADS,
         pipeline_depth: int = PIPELINE_DEPTH,
+        gather_gap_s: float = GATHER_GAP_S,
     ):
         assert max_pending >= 1 and max_batch >= 1, "the queue must admit at least one request"
         assert pipeline_depth >= 1, "at least one forward must be in flight"
+        assert gather_gap_s >= 0, "a gap of 0 turns the gathering wait off"
         self.max_pending = max_pending
         self.retry_after_s = retry_after_s
         self.on_timing = on_timing  # (seconds waiting for the model thread, seconds of its forward) per request
@@ -86,7 +96,10 @@ class ModelWorker:
         self.pending = 0  # touched only on the event loop thread
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._host = ThreadPoolExecutor(max_workers=host_threads, thread_name_prefix="typedlm-host")
-        self.pipeline_depth = pipeline_depth
+        self.pipeline_depth, self.gather_gap_s = pipeline_depth, gather_gap_s
+        # batches handed to the finishing thread and finished by it: each counter written by one thread only
+        self._launched = self._finished = 0
+        self._forward_s = 0.0  # the last batch's time from its launch to its answers (finishing thread)
         self._in_flight = threading.Semaphore(pipeline_depth)  # a slot per forward launched and not yet finished
         self._finishing: queue.SimpleQueue = queue.SimpleQueue()  # what the finishing thread does, in order
         self._finisher = threading.Thread(target=self._finish_loop, name="typedlm-finish", daemon=True)
@@ -168,10 +181,10 @@ class ModelWorker:
                 self._run_call(job)
                 continue
             batch, tokens = [job], job.tokens
+            until = time.perf_counter() + GATHER_SHARE * self._forward_s
             while len(batch) < self.max_batch:
-                try:
-                    waiting = carried.popleft() if carried else self._queue.get_nowait()
-                except queue.Empty:
+                waiting = self._next_waiting(carried, until)
+                if waiting is None:
                     break
                 fits = tokens + getattr(waiting, "tokens", 0) <= self.max_batch_tokens
                 if waiting is _STOP or waiting.launch_batch != job.launch_batch or not fits:
@@ -184,6 +197,19 @@ class ModelWorker:
             carried.extendleft(reversed(batch[keep:]))
             del batch[keep:]
             self._launch(batch)
+
+    def _next_waiting(self, carried: deque, until: float):
+        """The next job for the batch being gathered: one carried over, one queued, or (while another forward is in
+        flight, before `until`) one that arrives within `gather_gap_s`; None when none does."""
+        if carried:
+            return carried.popleft()
+        wait = min(self.gather_gap_s, until - time.perf_counter())
+        try:
+            if wait > 0 and self._launched > self._finished:
+                return self._queue.get(timeout=wait)
+            return self._queue.get_nowait()
+        except queue.Empty:
+            return None
 
     def _drain(self) -> None:
         """Wait until no forward is in flight."""
@@ -202,12 +228,14 @@ class ModelWorker:
                 batch[0].future.set_exception(exc)
                 self._in_flight.release()
                 return
+            self._launched += 1
             self._finishing.put((batch, None, started))  # each alone, on the finishing thread
         except BaseException as exc:  # handed to every request of the batch, raised there
             for job in batch:
                 job.future.set_exception(exc)
             self._in_flight.release()
         else:
+            self._launched += 1
             self._finishing.put((batch, finish, started))
 
     def _finish_loop(self) -> None:
@@ -219,6 +247,8 @@ class ModelWorker:
             except Exception:  # a fault past the answers (a metrics callback): the thread must go on
                 logger.exception("finishing a batch failed")
             finally:
+                self._forward_s = time.perf_counter() - started
+                self._finished += 1
                 self._in_flight.release()
 
     def _finish(self, batch: list[_Job], finish: Callable[[], list] | None, started: float) -> None:
