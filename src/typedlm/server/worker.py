@@ -12,11 +12,13 @@ GPU it returns once the work is queued) and hands it to the finishing thread, wh
 answers. Up to `pipeline_depth` forwards are in flight, so the next batch is gathered, packed and queued on the
 device while the current one runs and the last one's answers are built (`pipeline_depth=1`: one at a time).
 
-While another forward is in flight (the device has work), a batch being gathered waits a little for more
-requests: until `gather_gap_s` passes without one arriving, and for at most `GATHER_SHARE` of the last
-forward's time. The clients of a batch just answered send their next requests within a few milliseconds of
-each other; without the wait the next batch would be launched with the first of them and the rest would wait
-for the one after. With nothing in flight, a batch is launched at once (a lone client waits for nothing).
+With `gather_gap_s` > 0, while another forward is in flight (the device has work), a batch being gathered
+waits a little for more requests: until `gather_gap_s` passes without one arriving, and for at most
+`GATHER_SHARE` of the last forward's time. The clients of a batch just answered send their next requests within
+a few milliseconds of each other; without the wait the next batch is launched with the first of them and the
+rest wait for the one after. With nothing in flight a batch is launched at once (a lone client waits for
+nothing). Off by default (`GATHER_GAP_S` = 0) until `benchmarks/throughput.py --gather-gap 0 0.002` shows on a
+GPU what it gains.
 
 A call that cannot be batched (`submit`) runs alone, once the forwards in flight are done. A batch whose forward
 fails is answered again one request at a time, so a request gets an error only where it fails on its own (a
@@ -51,7 +53,7 @@ P = TypeVar("P")
 MAX_BATCH = 64  # requests answered by one forward, at most
 MAX_BATCH_TOKENS = 65536  # tokens of one forward, at most (a single larger request still runs, alone)
 PIPELINE_DEPTH = 2  # forwards in flight: one running, the next queued behind it while the host finishes answers
-GATHER_GAP_S = 0.002  # with a forward in flight, a batch waits for more requests until this passes without one
+GATHER_GAP_S = 0.0  # > 0: with a forward in flight, a batch waits for more requests until this passes without one
 GATHER_SHARE = 0.25  # ... and for at most this share of the last forward's time (launch to answers)
 # threads preparing requests (tokenizing releases the GIL): a few where there are cores to spare, else one
 HOST_THREADS = max(1, min(4, (os.cpu_count() or 1) // 2))
