@@ -230,15 +230,14 @@ class ModelWorker:
                 batch[0].future.set_exception(exc)
                 self._in_flight.release()
                 return
-            self._launched += 1
-            self._finishing.put((batch, None, started))  # each alone, on the finishing thread
+            finish = None  # each alone, on the finishing thread
         except BaseException as exc:  # handed to every request of the batch, raised there
             for job in batch:
                 job.future.set_exception(exc)
             self._in_flight.release()
-        else:
-            self._launched += 1
-            self._finishing.put((batch, finish, started))
+            return
+        self._launched += 1
+        self._finishing.put((batch, finish, started))
 
     def _finish_loop(self) -> None:
         """The finishing thread: each launched batch's answers, in launch order, then its slot freed."""
