@@ -232,3 +232,23 @@ def test_requests_batched_in_one_forward_equal_each_alone_in_bfloat16(family, at
                     worst[label] = max(worst[label], *(abs(a - b) for a, b in zip(got, want, strict=True)))
     print(f"{family}, attention kernel {attention_kernel}: batched vs alone, max |Δp| {worst}")
     assert worst["same kernels"] < 2e-3, worst
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+def test_a_model_on_the_second_gpu_runs_there_with_the_first_one_current(tokenizer):
+    # graphs, streams, events and Triton kernels follow the current device: the engine makes its own current
+    state = "The parcel is late and the customer is upset."
+    answers = []
+    for device in ("cuda:0", "cuda:1"):  # the same weights on each
+        torch.cuda.set_device(0)
+        model = tiny_model("qwen3", len(tokenizer)).to(device, torch.bfloat16)
+        decider = Decider(LoadedModel(model, tokenizer, "tiny"), prefix_cache_bytes=0, calibration="raw")
+        assert decider.features.capture and decider.features.attention_kernel
+        for _ in range(2):  # captured, then replayed
+            answers.append(decider.decide(state, QUESTIONS).answers)
+        assert torch.cuda.current_device() == 0
+    for got in answers[1:]:
+        assert abs(got["n"].p_yes - answers[0]["n"].p_yes) < 1e-3
+        assert list(got["c"].probabilities.values()) == pytest.approx(
+            list(answers[0]["c"].probabilities.values()), abs=1e-3
+        )

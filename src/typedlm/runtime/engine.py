@@ -11,7 +11,9 @@ static forward replayed as a CUDA graph. Only read rows go through the LM head, 
 
 `launch_many` queues a forward without waiting for it (on a GPU; eager strategies finish first), so the host
 can prepare the next forward meanwhile. The engine's forwards may be called from more than one thread (a
-server launches on one and finishes answers on another): each forward's launch holds the engine's lock.
+server launches on one and finishes answers on another): each forward's launch holds the engine's lock, with
+the model's device made current (CUDA streams, events and Triton kernels follow the current device, so a model
+on cuda:1 would otherwise launch on cuda:0's stream).
 
 Memory grows as O(P + Q·S): the prefix keys/values exist once, never copied per question. Caches are
 per request and never rewound, so no question can see another's tokens.
@@ -19,8 +21,9 @@ per request and never rewound, so no question can see another's tokens.
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import torch
@@ -46,6 +49,11 @@ from typedlm.runtime.kv import PrefixKV
 from typedlm.runtime.packing import PackedItem
 
 
+def on_device(device: torch.device) -> contextlib.AbstractContextManager:
+    """`device` made the current CUDA device for the block (nothing on other devices)."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
 class Engine:
     """Reads answer-group masses from a Hugging Face causal LM; `options` say which features to use (see
     `typedlm.core.options`), `features` what holds after they were resolved for this model and device."""
@@ -59,7 +67,11 @@ class Engine:
         body, head = hf.decoder_and_head(model)
         self.head = LMHead(head, self.shape.softcap)
         self.device = self.head.device
-        self.features: Features = prepare(model, options or EngineOptions(), self.shape)
+        with on_device(self.device):  # the probes and captures below run kernels and make streams
+            self._build(model, body, options or EngineOptions())
+
+    def _build(self, model: torch.nn.Module, body: torch.nn.Module, options: EngineOptions) -> None:
+        self.features: Features = prepare(model, options, self.shape)
         eager = EagerBody(body, self.shape, self.features.cascade, hf.takes_additive_masks(model), self.head)
         self.eager = eager
         self.lock = threading.RLock()  # one forward's launch at a time: the runner's buffers are shared
@@ -79,18 +91,24 @@ class Engine:
         else:
             self.forward = TwoForwards(eager)
 
+    @contextlib.contextmanager
+    def _turn(self) -> Iterator[None]:
+        """One forward's launch: the engine's lock held, its device current."""
+        with self.lock, on_device(self.device):
+            yield
+
     @property
     def max_positions(self) -> int | None:
         return self.shape.max_positions
 
     def prefill(self, ids: Sequence[int] | np.ndarray, base: PrefixKV | None = None):
         """Run the body over `ids` after `base`; returns the cache and its length. No LM head."""
-        with self.lock:
+        with self._turn():
             return self.eager.prefill(ids, base)
 
     def score_suffixes(self, kv_cache, prefix_len: int, items: Sequence[PackedItem]) -> list[list[float]]:
         """Every item's group masses from ONE forward over a cache of exactly `prefix_len` tokens (see `forwards`)."""
-        with self.lock:
+        with self._turn():
             return self.eager.score_suffixes(kv_cache, prefix_len, items)
 
     @staticmethod
@@ -109,7 +127,7 @@ class Engine:
 
         The returned prefix holds the keys/values of `base` and `ids`; without `keep_prefix` it is None.
         """
-        with self.lock:
+        with self._turn():
             return self.forward.run(ids, items, base, keep_prefix)
 
     def run_many(self, documents: Sequence[Work], keep_prefix: bool = True) -> list[tuple[Masses, PrefixKV | None]]:
@@ -120,5 +138,5 @@ class Engine:
     def launch_many(self, documents: Sequence[Work], keep_prefix: bool = True) -> InFlight:
         """`run_many`, returned as soon as its forward is queued (see `forwards.InFlight`): each document's new
         prefix at once, the masses from `wait()`. Only a static forward on a GPU returns before it is done."""
-        with self.lock:
+        with self._turn():
             return self.forward.launch_many(documents, keep_prefix)
