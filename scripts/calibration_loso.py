@@ -13,10 +13,11 @@ set and split into --readouts (JSONL) and reused by later runs. Then:
    accuracy below raw's by more than ACCURACY_SLACK (raw with one temperature never changes a top answer, so one
    always is); among them the lowest mean + worst ECE over the sets that ask that kind wins (worst: every set must be
    honest, not the average). Each variant is fitted with every answer weighing the same and with every set weighing
-   the same; 3 order reads instead of 1 only where they lower that score by READS_MARGIN. With --name-readouts,
-   choice questions are also read with their options answered by name (with and without length normalisation): the
-   best variant of each way, by the rule above, and of those the one with the lowest log loss (ECE cannot tell an
-   accurate reader from one at chance);
+   the same; 3 order reads instead of 1 only where they lower that score by READS_MARGIN, and only where every
+   kind has an eligible variant with them (order reads move top answers: raw with 3 reads may lose accuracy). With
+   --name-readouts, choice questions are also read with their options answered by name (with and without length
+   normalisation): the best variant of each way, by the rule above, and of those the one with the lowest log loss
+   (ECE cannot tell an accurate reader from one at chance);
 2. the chosen variant is reported on the held-out splits: raw, contextual, fitted in-set, fitted on the set's own
    train split only, fitted with the set left out (accuracy, ECE, Brier), and the ECE a perfectly calibrated model
    would measure with the left-out confidences (the floor), and written as JSON;
@@ -107,7 +108,8 @@ def main() -> int:
         "each with its own readouts), no held-out report, no calibration file",
     )
     args = parser.parse_args()
-    decider = Decider.load(args.model, calibration="raw", prompt_version=args.prompt_version)
+    # by letter whatever the model's shipped file reads choices by: the readouts are what every variant starts from
+    decider = Decider.load(args.model, calibration="raw", choice_answers="letters", prompt_version=args.prompt_version)
     folder = Path(args.readouts)
     readouts = {}
     for name in args.sets:
@@ -198,8 +200,11 @@ def main() -> int:
         for setting, by_label in selection.items()
     }
     score = {s: mean(selection[s][plan[kind]][kind]["score"] for kind in plan) for s, plan in plans.items()}
+    # a setting whose plan falls back to a variant that is not eligible (order reads can move top answers: raw
+    # with 3 reads may be less accurate than raw with 1) breaks the accuracy rule: it is chosen only if all do
+    honest = [s for s, plan in plans.items() if all(selection[s][plan[k]][k]["eligible"] for k in plan)] or score
     # order reads cost up to 2.3x one read: they must lower the score by READS_MARGIN to be chosen
-    setting = min(score, key=lambda s: score[s] + READS_MARGIN * (settings[s][0] > 1))
+    setting = min(honest, key=lambda s: score[s] + READS_MARGIN * (settings[s][0] > 1))
     reads, balanced = settings[setting]
     plan = plans[setting]
     bases = {kind: variants[variant_of(label)[1]][0] for kind, label in plan.items()}

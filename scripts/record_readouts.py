@@ -51,7 +51,7 @@ def _record_one(job: tuple[str, str, str, str, str, str, str]) -> str:
     model, device, path, way, version, out, name = job
     torch.set_num_threads(1)
     start = time.perf_counter()
-    options = {"choice_answers": "names"} if way == "names" else {}
+    options = {"choice_answers": "names" if way == "names" else "letters"}  # not the shipped file's way
     decider = Decider.load(model, device=device, dtype="float32", calibration="raw", prompt_version=version, **options)
     rows = record(decider, load_examples(path, "all"), name, ORDER_READS, kinds=("choice",) if way == "names" else None)
     save(Path(out) / f"{version}-{way}" / Path(path).name, rows)

@@ -78,8 +78,8 @@ def tiny_decider(request, tokenizer):
 
 @pytest.fixture(scope="session")
 def real_decider():
-    # the raw readout with options read by letter (the embedded model's shipped default reads them by name: that
-    # path has its own tests), which the exactness tests compare against
+    # the raw readout with options read by letter whatever the embedded model's shipped file says (reading by name
+    # has its own tests), which the exactness tests compare against
     return Decider(load_model(None, "cpu", "float32"), calibration="raw", choice_answers="letters")
 
 

@@ -109,8 +109,13 @@ def test_options_read_by_name_equal_a_full_forward_and_fall_back_to_letters(real
     geometric = [m ** (1 / n) for m, n in zip(expected, reads.lengths, strict=True)]
     assert list(answer.probabilities.values()) == pytest.approx(normalise(geometric)[0], abs=1e-5)
     assert answer.raw_mass == pytest.approx(sum(expected), abs=1e-6), "the raw mass stays the labels' own"
-    shipped = Decider(LoadedModel(real_decider.engine.model, real_decider.tokenizer, real_decider.name))
-    assert shipped.choice_answers == shipped.calibration_file.data["choice_answers"] == "names", "the shipped default"
+    loaded = LoadedModel(real_decider.engine.model, real_decider.tokenizer, real_decider.name)
+    shipped = Decider(loaded)
+    assert shipped.choice_answers == shipped.calibration_file.data["choice_answers"], "the shipped file's way"
+    by_name = replace(shipped.calibration_file, data={**shipped.calibration_file.data, "choice_answers": "names"})
+    assert Decider(loaded, calibration_file=by_name).choice_answers == "names", "a file's way is the default"
+    # ... unless one is asked for: readouts recorded "by letter" must not follow the file (they did once)
+    assert Decider(loaded, calibration_file=by_name, choice_answers="letters").choice_answers == "letters"
     with pytest.raises(InvalidRequest, match="choice answers"):
         Decider(
             LoadedModel(real_decider.engine.model, real_decider.tokenizer, real_decider.name), choice_answers="words"
