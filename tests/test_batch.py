@@ -36,7 +36,7 @@ def _write(path: Path, rows: list, broken_line: int | None = None) -> None:
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
-def _same_response(got: dict, want: dict) -> None:
+def _same_response(got: dict, want: dict, tolerance: float = 1e-6) -> None:
     """The same answers, up to float rounding (one of the two may have read its document from the prefix cache)."""
 
     def numbers(value, path=()):
@@ -52,7 +52,7 @@ def _same_response(got: dict, want: dict) -> None:
     left, right = dict(numbers(got["answers"])), dict(numbers(want["answers"]))
     assert left.keys() == right.keys()
     for key, value in left.items():
-        assert value == pytest.approx(right[key], abs=1e-6), key
+        assert value == pytest.approx(right[key], abs=tolerance), key
 
 
 def _records(path: Path) -> list[dict]:
@@ -154,7 +154,8 @@ def test_the_cli_refuses_a_bad_questions_file_before_loading_the_model(tmp_path)
 
 def test_on_ray_two_actors_give_the_in_process_records(real_decider, tmp_path):
     """`--ray` with 2 workers on a local Ray: every row, in input order, each record the in-process one (answers
-    within 1e-6; bad rows the same error records)."""
+    within 1e-5: an actor runs on one thread, this process on two, and float32 sums in another order through 30
+    layers; 1.1e-6 measured on one CPU type, below 1e-6 on another; bad rows the same error records)."""
     ray = pytest.importorskip("ray")
     from typedlm.jobs.ray_batch import run_batch_on_ray
 
@@ -178,7 +179,7 @@ def test_on_ray_two_actors_give_the_in_process_records(real_decider, tmp_path):
         if "error" in w:
             assert g == w
         else:
-            _same_response(g["response"], w["response"])
+            _same_response(g["response"], w["response"], tolerance=1e-5)
 
 
 def test_a_group_whose_forward_fails_is_answered_row_by_row(real_decider, tmp_path):
