@@ -146,8 +146,9 @@ def test_kernel_takes_several_documents(heads, kv_heads, dim):
 
     torch.manual_seed(7 + heads)
     # per document: new rows t, cached p, its questions' rows (a chain each, the last row a sibling of the one before)
-    documents = [(37, 5, [9, 3]), (0, 12, [4]), (70, 0, [20, 1, 6]), (3, 30, [2])]
-    width, doc_rows, packed_rows = 20, 128, 56
+    # the last one's keys run through every stretch: whole cached blocks, one straddling p, whole blocks of its own
+    documents = [(37, 5, [9, 3]), (0, 12, [4]), (70, 0, [20, 1, 6]), (3, 30, [2]), (150, 70, [5])]
+    width, doc_rows, packed_rows = 20, 272, 64
     t_all = sum(t for t, _, _ in documents)
     questions = [(b, n) for b, (_, _, rows) in enumerate(documents) for n in rows]
     real_packed = sum(n for _, n in questions)
@@ -155,7 +156,8 @@ def test_kernel_takes_several_documents(heads, kv_heads, dim):
     q = torch.randn(rows, heads, dim)
     k, v = torch.randn(rows, kv_heads, dim), torch.randn(rows, kv_heads, dim)
     starts = [sum(t + p for t, p, _ in documents[:b]) for b in range(len(documents))]
-    kbuf, vbuf = (torch.full((starts[-1] + 64, kv_heads, dim), float("nan")) for _ in range(2))
+    size = starts[-1] + sum(documents[-1][:2]) + 8
+    kbuf, vbuf = (torch.full((size, kv_heads, dim), float("nan")) for _ in range(2))
     for (_, p, _), start in zip(documents, starts):
         kbuf[start : start + p], vbuf[start : start + p] = torch.randn(p, kv_heads, dim), torch.randn(p, kv_heads, dim)
     mask = torch.zeros(len(questions) + 1, width, width, dtype=torch.bool)  # and one padding question
