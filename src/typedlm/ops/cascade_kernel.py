@@ -93,25 +93,6 @@ def _key_pointers(
 
 
 @triton.jit
-def _attend_run(
-    acc, m_i, l_i, q, K, V, begin, end, stride_k, stride_v, head_k, head_v, row_ok, d, d_ok, n, scale_log2,
-    FULL_DIM: tl.constexpr, PRECISION: tl.constexpr, BLOCK_N: tl.constexpr,
-):  # fmt: skip
-    """Whole blocks of keys [begin, end) that every row sees, from one source: key j at K + j·stride_k + head_k
-    (V likewise). No branch and no mask inside the loop, and the pointers only advance, so the compiler can
-    prefetch the next blocks while the current one is multiplied."""
-    k_ptrs = K + (begin + n)[None, :] * stride_k + head_k + d[:, None]  # [D, N]
-    v_ptrs = V + (begin + n)[:, None] * stride_v + head_v + d[None, :]  # [N, D]
-    for _ in range(begin, end, BLOCK_N):
-        acc, m_i, l_i = _online_step(
-            acc, m_i, l_i, q, k_ptrs, v_ptrs, n, d_ok, row_ok[:, None], scale_log2, False, FULL_DIM, PRECISION
-        )
-        k_ptrs += BLOCK_N * stride_k
-        v_ptrs += BLOCK_N * stride_v
-    return acc, m_i, l_i
-
-
-@triton.jit
 def _attend_keys(
     acc, m_i, l_i, q, KB, VB, KR, VR, p, stride_bc, stride_bh, stride_kr, stride_kh, stride_vr, stride_vh, kvh,
     all_see, any_see, last_key, row_ok, d, d_ok, n, scale_log2, FULL_DIM: tl.constexpr, PRECISION: tl.constexpr,
@@ -120,16 +101,9 @@ def _attend_keys(
     """Keys [0, any_see) of a document's sequence (see `_key_pointers`) into the running softmax: row i sees key
     j <= last_key[i]; keys [0, all_see) every row sees, and their whole blocks run without masks. The blocks are
     counted from the sequence's start whatever its cached share p, so a row's sums run in the same order whether
-    the document was cached or is computed in this forward, alone or beside others. The whole blocks run in
-    three stretches by where their keys lie: the buffer's, the one block that straddles p, this forward's."""
+    the document was cached or is computed in this forward, alone or beside others."""
     whole_blocks = all_see // BLOCK_N * BLOCK_N
-    cached_end = tl.minimum(p // BLOCK_N * BLOCK_N, whole_blocks)  # blocks wholly in the cached prefix
-    mixed_end = tl.minimum((p + BLOCK_N - 1) // BLOCK_N * BLOCK_N, whole_blocks)  # and the one straddling p
-    acc, m_i, l_i = _attend_run(
-        acc, m_i, l_i, q, KB, VB, 0, cached_end, stride_bc, stride_bc, kvh * stride_bh, kvh * stride_bh, row_ok, d,
-        d_ok, n, scale_log2, FULL_DIM, PRECISION, BLOCK_N,
-    )  # fmt: skip
-    for start in range(cached_end, mixed_end, BLOCK_N):
+    for start in range(0, whole_blocks, BLOCK_N):
         k_ptrs, v_ptrs = _key_pointers(
             KB, VB, KR, VR, start, n, p, kvh, d, stride_bc, stride_bh, stride_kr, stride_kh, stride_vr, stride_vh,
             BLOCK_N,
@@ -137,10 +111,6 @@ def _attend_keys(
         acc, m_i, l_i = _online_step(
             acc, m_i, l_i, q, k_ptrs, v_ptrs, n, d_ok, row_ok[:, None], scale_log2, False, FULL_DIM, PRECISION
         )
-    acc, m_i, l_i = _attend_run(  # this forward's keys: sequence key j is row j - p of KR
-        acc, m_i, l_i, q, KR - p * stride_kr, VR - p * stride_vr, mixed_end, whole_blocks, stride_kr, stride_vr,
-        kvh * stride_kh, kvh * stride_vh, row_ok, d, d_ok, n, scale_log2, FULL_DIM, PRECISION, BLOCK_N,
-    )  # fmt: skip
     for start in range(whole_blocks, any_see, BLOCK_N):
         key = start + n
         key_ok = key < any_see
