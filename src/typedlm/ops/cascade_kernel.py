@@ -34,7 +34,6 @@ LOG2E = 1.4426950408889634
 NUM_WARPS = 4  # these four: the fastest measured on an H200 for Qwen3-0.6B shapes (benchmarks/README.md)
 NUM_STAGES = 2
 KEY_BLOCK = 64  # keys per step of the online softmax
-DESCRIPTORS = True  # read the whole key blocks through tensor descriptors where `_descriptors_here`
 
 
 @triton.jit
@@ -53,13 +52,6 @@ def _online_step(
     else:
         k = tl.load(k_ptrs, mask=d_ok[:, None], other=0.0)
         v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
-    return _online_update(acc, m_i, l_i, q, k, v, visible, scale_log2, MASKED, PRECISION)
-
-
-@triton.jit
-def _online_update(acc, m_i, l_i, q, k, v, visible, scale_log2, MASKED: tl.constexpr, PRECISION: tl.constexpr):
-    """Keys k [D, N] and values v [N, D] into the running softmax; with MASKED, row i sees key j where
-    `visible` [M, N]."""
     scores = tl.dot(q, k, input_precision=PRECISION) * scale_log2  # [M, N], in log2 units
     if MASKED:
         scores = tl.where(visible, scores, float("-inf"))
@@ -101,13 +93,17 @@ def _key_pointers(
 
 
 @triton.jit
-def _attend_pointed(
+def _attend_keys(
     acc, m_i, l_i, q, KB, VB, KR, VR, p, stride_bc, stride_bh, stride_kr, stride_kh, stride_vr, stride_vh, kvh,
-    row_ok, d, d_ok, n, scale_log2, begin, end, FULL_DIM: tl.constexpr, PRECISION: tl.constexpr,
+    all_see, any_see, last_key, row_ok, d, d_ok, n, scale_log2, FULL_DIM: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):  # fmt: skip
-    """Whole blocks of keys [begin, end) that every row sees, through pointers (see `_key_pointers`)."""
-    for start in range(begin, end, BLOCK_N):
+    """Keys [0, any_see) of a document's sequence (see `_key_pointers`) into the running softmax: row i sees key
+    j <= last_key[i]; keys [0, all_see) every row sees, and their whole blocks run without masks. The blocks are
+    counted from the sequence's start whatever its cached share p, so a row's sums run in the same order whether
+    the document was cached or is computed in this forward, alone or beside others."""
+    whole_blocks = all_see // BLOCK_N * BLOCK_N
+    for start in range(0, whole_blocks, BLOCK_N):
         k_ptrs, v_ptrs = _key_pointers(
             KB, VB, KR, VR, start, n, p, kvh, d, stride_bc, stride_bh, stride_kr, stride_kh, stride_vr, stride_vh,
             BLOCK_N,
@@ -115,55 +111,6 @@ def _attend_pointed(
         acc, m_i, l_i = _online_step(
             acc, m_i, l_i, q, k_ptrs, v_ptrs, n, d_ok, row_ok[:, None], scale_log2, False, FULL_DIM, PRECISION
         )
-    return acc, m_i, l_i
-
-
-@triton.jit
-def _attend_tiles(
-    acc, m_i, l_i, q, k_desc, v_desc, first, begin, end, column, scale_log2, PRECISION: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):  # fmt: skip
-    """Whole blocks of keys [begin, end) that every row sees, read through tensor descriptors: sequence key j is
-    row first + j of k_desc / v_desc (columns [column, + D): its key/value head). The copy engine fetches the
-    tiles, so the loop does no address arithmetic and its loads are prefetched stages ahead."""
-    for start in range(begin, end, BLOCK_N):
-        k = k_desc.load([first + start, column]).T  # [D, N]
-        v = v_desc.load([first + start, column])  # [N, D]
-        acc, m_i, l_i = _online_update(acc, m_i, l_i, q, k, v, None, scale_log2, False, PRECISION)
-    return acc, m_i, l_i
-
-
-@triton.jit
-def _attend_keys(
-    acc, m_i, l_i, q, KB, VB, KR, VR, p, stride_bc, stride_bh, stride_kr, stride_kh, stride_vr, stride_vh, kvh,
-    all_see, any_see, last_key, row_ok, d, d_ok, n, scale_log2, kb_desc, vb_desc, kr_desc, vr_desc, key_start,
-    doc_first, FULL_DIM: tl.constexpr, PRECISION: tl.constexpr, BLOCK_N: tl.constexpr, DESCRIPTORS: tl.constexpr,
-):  # fmt: skip
-    """Keys [0, any_see) of a document's sequence (see `_key_pointers`) into the running softmax: row i sees key
-    j <= last_key[i]; keys [0, all_see) every row sees, and their whole blocks run without masks. The blocks are
-    counted from the sequence's start whatever its cached share p, so a row's sums run in the same order whether
-    the document was cached or is computed in this forward, alone or beside others."""
-    whole_blocks = all_see // BLOCK_N * BLOCK_N
-    if DESCRIPTORS:  # in order: the buffer's whole blocks, the one block straddling p, this forward's whole blocks
-        cached_end = tl.minimum(p // BLOCK_N * BLOCK_N, whole_blocks)
-        mixed_end = tl.minimum((p + BLOCK_N - 1) // BLOCK_N * BLOCK_N, whole_blocks)
-        column = kvh * q.shape[1]  # the key/value head's columns (the head dimension is a power of two here)
-        acc, m_i, l_i = _attend_tiles(
-            acc, m_i, l_i, q, kb_desc, vb_desc, key_start, 0, cached_end, column, scale_log2, PRECISION, BLOCK_N
-        )
-        acc, m_i, l_i = _attend_pointed(
-            acc, m_i, l_i, q, KB, VB, KR, VR, p, stride_bc, stride_bh, stride_kr, stride_kh, stride_vr, stride_vh,
-            kvh, row_ok, d, d_ok, n, scale_log2, cached_end, mixed_end, FULL_DIM, PRECISION, BLOCK_N,
-        )  # fmt: skip
-        acc, m_i, l_i = _attend_tiles(  # sequence key j is row j - p of the document's rows in this forward
-            acc, m_i, l_i, q, kr_desc, vr_desc, doc_first - p, mixed_end, whole_blocks, column, scale_log2,
-            PRECISION, BLOCK_N,
-        )  # fmt: skip
-    else:
-        acc, m_i, l_i = _attend_pointed(
-            acc, m_i, l_i, q, KB, VB, KR, VR, p, stride_bc, stride_bh, stride_kr, stride_kh, stride_vr, stride_vh,
-            kvh, row_ok, d, d_ok, n, scale_log2, 0, whole_blocks, FULL_DIM, PRECISION, BLOCK_N,
-        )  # fmt: skip
     for start in range(whole_blocks, any_see, BLOCK_N):
         key = start + n
         key_ok = key < any_see
@@ -186,10 +133,6 @@ def _cascade_kernel(
     KR,  # [R, Hkv, D] this forward's keys: the documents' rows, then the packed rows'
     VR,
     OUT,  # [R, H, D]
-    kb_desc,  # KB, VB, KR, VR as [rows, Hkv·D] tensor descriptors of [BLOCK_N, D] tiles (None without DESCRIPTORS)
-    vb_desc,
-    kr_desc,
-    vr_desc,
     BLOCKS,  # int64 [programs, 8]: each program's rows (see kernel_blocks)
     ROW_SLOT,  # int64 [N]: each packed row's question g and place s in it, as g·S + s
     MASK,  # bool [G, S, S]: own_mask
@@ -213,7 +156,6 @@ def _cascade_kernel(
     TOKENS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr,  # of the matrix products: "ieee" keeps float32 inputs in float32 (no TF32)
-    DESCRIPTORS: tl.constexpr,  # the whole key blocks read through the descriptors (Hopper's copy engine)
 ):
     entry = BLOCKS + tl.program_id(0) * 8
     kvh = tl.program_id(1)
@@ -273,8 +215,7 @@ def _cascade_kernel(
     acc, m_i, l_i = _attend_keys(  # the cached prefix from the buffer, then the document from this forward's rows
         acc, m_i, l_i, q, KB + key_start * stride_bc, VB + key_start * stride_bc, KR + doc_first * stride_kr,
         VR + doc_first * stride_vr, p, stride_bc, stride_bh, stride_kr, stride_kh, stride_vr, stride_vh, kvh, all_see,
-        any_see, last_key, row_ok, d, d_ok, n, scale_log2, kb_desc, vb_desc, kr_desc, vr_desc, key_start, doc_first,
-        HEAD_DIM == DIM, PRECISION, BLOCK_N, DESCRIPTORS,
+        any_see, last_key, row_ok, d, d_ok, n, scale_log2, HEAD_DIM == DIM, PRECISION, BLOCK_N,
     )  # fmt: skip
     for start in range(own_start, own_end, BLOCK_N):  # packed rows: their own question's rows
         own = start + n
@@ -294,40 +235,6 @@ def _cascade_kernel(
         OUT + row[:, None] * stride_or + head[:, None] * stride_oh + d[None, :],
         out.to(OUT.dtype.element_ty),
         mask=stored[:, None] & d_ok[None, :],
-    )
-
-
-def _descriptors_here(*tensors: torch.Tensor) -> bool:
-    """Whether the whole key blocks can be read through tensor descriptors: `DESCRIPTORS` on, a GPU with the copy
-    engine (compute capability 9 and newer), 16-bit values, a head dimension that is a power of two, and each
-    tensor's rows holding its heads side by side, starting on 16 bytes."""
-    k = tensors[0]
-    if not DESCRIPTORS or k.device.type != "cuda" or k.element_size() != 2:
-        return False
-    if torch.cuda.get_device_capability(k.device)[0] < 9:
-        return False
-    return _descriptors_fit(*tensors)
-
-
-def _descriptors_fit(*tensors: torch.Tensor) -> bool:
-    head_dim = tensors[0].shape[-1]
-    return head_dim == triton.next_power_of_2(head_dim) and all(
-        t.shape[0] > 0
-        and t.stride(2) == 1
-        and t.stride(1) == head_dim
-        and t.data_ptr() % 16 == 0
-        and t.stride(0) * t.element_size() % 16 == 0
-        for t in tensors
-    )
-
-
-def _descriptors(*tensors: torch.Tensor) -> tuple:
-    """Each [rows, Hkv, D] tensor as a [rows, Hkv·D] tensor descriptor of [KEY_BLOCK, D] tiles."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    return tuple(
-        TensorDescriptor(t, [t.shape[0], t.shape[1] * t.shape[2]], [t.stride(0), 1], [KEY_BLOCK, t.shape[2]])
-        for t in tensors
     )
 
 
@@ -360,14 +267,13 @@ def cascade_attention(
     assert kbuf.stride() == vbuf.stride()
     assert blocks.dim() == 2 and blocks.shape[1] == kernel_blocks.FIELDS and blocks.is_contiguous()
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # every row is written (padding rows: 0)
-    descriptors = _descriptors(kbuf, vbuf, k, v) if _descriptors_here(kbuf, vbuf, k, v) else (None,) * 4
     _cascade_kernel[(blocks.shape[0], kv_heads)](
-        q, kbuf, vbuf, k, v, out, *descriptors, blocks, row_slot, own_mask,
+        q, kbuf, vbuf, k, v, out, blocks, row_slot, own_mask,
         *q.stride()[:2], *kbuf.stride()[:2], *k.stride()[:2], *v.stride()[:2], *out.stride()[:2],
         doc_rows, own_mask.shape[-1], scale * LOG2E,
         HEAD_DIM=head_dim, DIM=triton.next_power_of_2(head_dim), GROUPS=groups,
         GROUP_ROWS=kernel_blocks.group_rows(groups), TOKENS=kernel_blocks.block_tokens(groups),
         BLOCK_N=KEY_BLOCK, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        DESCRIPTORS=descriptors[0] is not None, num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+        num_warps=NUM_WARPS, num_stages=NUM_STAGES,
     )  # fmt: skip
     return out
