@@ -87,8 +87,7 @@ def main() -> None:
     gp.DESCRIPTORS = True
     report = {"benchmark": "gated_product", "device": torch.cuda.get_device_name(), "torch": torch.__version__,
               "triton": triton.__version__, "date": date.today().isoformat(), "rows": results}  # fmt: skip
-    default = Path(__file__).parent / "results" / f"gated-product-cuda-{report['date']}.json"
-    out = Path(args.out) if args.out else default
+    out = Path(args.out) if args.out else Path(__file__).parent / "results" / f"gated-product-cuda-{report['date']}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     best = {}
