@@ -3,9 +3,8 @@
 `reference_ops()` computes them in plain torch (what any fused kernel must compute, on any device: the tests
 use it); `liger_ops()` gives the Triton kernels where liger-kernel is installed (`pip install 'typedlm[cuda]'`:
 its rotary and SwiGLU product, with typedlm's own RMSNorm, joined SwiGLU, residual-add RMSNorm and q/k norms
-with the rotary after them from `triton_ops`, and the gate/up product with its activation from
-`gated_product`). `agrees` is the test a candidate passes before `typedlm.runtime.patching` swaps it into a
-model.
+with the rotary after them from `triton_ops`). `agrees` is the test a candidate passes before
+`typedlm.runtime.patching` swaps it into a model.
 No model and no transformers here.
 """
 
@@ -32,9 +31,7 @@ class FusedOps:
       residual add and the norm that reads its sum (None: they run apart);
     - `norm_rope(q [B, L, H, D], k [B, L, Hkv, D], q_weight [D], k_weight [D], eps, cos [B, L, D], sin) -> (q, k)`
       [B, H, L, D], [B, Hkv, L, D]: an attention's per-head q and k norms (`rms_norm`), then `rope`, for a model
-      that norms each head before rotating it (None: they run apart);
-    - `gated_product(x [..., K], joined [2F, K]) -> [..., F]`: `silu_mul_joined` of the joined gate/up product
-      x·joined^T, as one operation (None: the product, then `silu_mul_joined`).
+      that norms each head before rotating it (None: they run apart).
     """
 
     name: str
@@ -45,7 +42,6 @@ class FusedOps:
     silu_mul_joined: Callable[[torch.Tensor], torch.Tensor] | None = None
     add_rms_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
     norm_rope: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
-    gated_product: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
 
     def runs_on(self, x: torch.Tensor) -> bool:
         return self.device_type is None or x.device.type == self.device_type
@@ -77,10 +73,6 @@ def _reference_silu_mul_joined(h: torch.Tensor) -> torch.Tensor:
     return _reference_silu_mul(gate, up)
 
 
-def _reference_gated_product(x: torch.Tensor, joined: torch.Tensor) -> torch.Tensor:
-    return _reference_silu_mul_joined(torch.nn.functional.linear(x, joined))
-
-
 def _reference_add_rms_norm(x, residual, weight, eps):
     total = residual + x
     return total, _reference_rms_norm(total, weight, eps)
@@ -103,19 +95,16 @@ def reference_ops() -> FusedOps:
         _reference_silu_mul_joined,
         _reference_add_rms_norm,
         _reference_norm_rope,
-        _reference_gated_product,
     )
 
 
 def liger_ops() -> FusedOps | None:
     """Triton kernels: liger-kernel's rotary and SwiGLU product, typedlm's RMSNorm, joined SwiGLU, residual add
-    with RMSNorm and q/k norms with rotary (`triton_ops`), the gate/up product with SwiGLU (`gated_product`);
-    None where liger-kernel (or Triton) is not installed."""
+    with RMSNorm and q/k norms with rotary (`triton_ops`); None where liger-kernel (or Triton) is not installed."""
     try:
         from liger_kernel.ops.rope import LigerRopeFunction
         from liger_kernel.ops.swiglu import LigerSiLUMulFunction
 
-        from typedlm.ops.gated_product import gated_product
         from typedlm.ops.triton_ops import add_rms_norm, norm_rope, rms_norm, silu_mul_joined
     except ImportError:
         return None
@@ -128,7 +117,6 @@ def liger_ops() -> FusedOps | None:
         silu_mul_joined,
         add_rms_norm,
         norm_rope,
-        gated_product,
     )
 
 

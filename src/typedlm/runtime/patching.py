@@ -13,9 +13,7 @@ that operation, and the report says so.
 
 A SwiGLU MLP whose gate and up projections are plain linear maps of one shape runs them as ONE matrix product:
 their weights are moved into one [2F, D] tensor (each module keeps a view of its half, so no memory is added)
-and the activation reads the two halves of the product (`silu_mul_joined`), or, where `ops` has one, a kernel
-computes the product and the activation together (`gated_product`: the [rows, 2F] product never reaches memory).
-An attention's q, k and v
+and the activation reads the two halves of the product (`silu_mul_joined`). An attention's q, k and v
 projections run as one matrix product the same way (`_JoinedProjections`: q's call computes all three, k's and
 v's calls on the same input take their columns in place). Moving weights would break CUDA graphs already
 captured on the model, so a model that has them keeps its projections apart.
@@ -122,8 +120,6 @@ def _joins(module: torch.nn.Module, ops: FusedOps) -> bool:
 
 def _fused_mlp(module: torch.nn.Module, x: torch.Tensor, ops: FusedOps, joined: torch.Tensor | None) -> torch.Tensor:
     """The MLP through `ops`: gate and up as one product with the `joined` weight, or apart without it."""
-    if joined is not None and ops.gated_product is not None:
-        return module.down_proj(ops.gated_product(x, joined))
     if joined is not None:
         return module.down_proj(ops.silu_mul_joined(torch.nn.functional.linear(x, joined)))
     return module.down_proj(ops.silu_mul(module.gate_proj(x), module.up_proj(x)))
