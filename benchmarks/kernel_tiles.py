@@ -28,7 +28,7 @@ from typedlm.ops import cascade_kernel, kernel_blocks
 
 HEADS, KV_HEADS, HEAD_DIM, ROWS_PER_QUESTION, WIDTH = 16, 8, 128, 31, 32
 CONFIGS = [(64, 64, 4, 2), (128, 64, 4, 2), (128, 64, 8, 2), (128, 64, 8, 3), (128, 128, 8, 2), (64, 128, 4, 2)]
-CONFIGS += [(64, 64, 4, 3), (32, 64, 4, 2), (64, 64, 4, 4), (128, 64, 8, 4), (128, 128, 8, 3), (64, 128, 4, 3)]
+CONFIGS += [(64, 64, 4, 3), (32, 64, 4, 2), (64, 64, 4, 4), (128, 64, 8, 4), (64, 128, 4, 3)]
 
 
 def flops(documents: int, cached: int, rows: int, questions: int) -> float:
@@ -99,7 +99,11 @@ def main() -> None:
                         *c["tensors"], blocks, c["slots"], c["own"], c["doc_rows"], HEAD_DIM**-0.5
                     )
 
-                out = attend()
+                try:
+                    out = attend()
+                except triton.runtime.errors.OutOfResources as error:  # tiles too large for this GPU's memory
+                    cells.append(f"{name} {kernel}: {error}")
+                    continue
                 ms = triton.testing.do_bench(attend, warmup=10, rep=50)
                 error = (out.float() - reference.setdefault(name, out).float()).abs().max().item()
                 tflops = flops(*shapes[name]) / ms / 1e9

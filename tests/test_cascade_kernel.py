@@ -146,7 +146,8 @@ def test_kernel_takes_several_documents(heads, kv_heads, dim):
 
     torch.manual_seed(7 + heads)
     # per document: new rows t, cached p, its questions' rows (a chain each, the last row a sibling of the one before)
-    # the last one's keys run through every stretch: whole cached blocks, one straddling p, whole blocks of its own
+    # the last one's keys: whole blocks of its cached prefix, a block straddling the prefix's end, whole blocks of
+    # its own new rows
     documents = [(37, 5, [9, 3]), (0, 12, [4]), (70, 0, [20, 1, 6]), (3, 30, [2]), (150, 70, [5])]
     width, doc_rows, packed_rows = 20, 272, 64
     t_all = sum(t for t, _, _ in documents)
