@@ -37,67 +37,29 @@ KEY_BLOCK = 64  # keys per step of the online softmax
 
 
 @triton.jit
-def _block_scores(
-    q, k_ptrs, key_ok, d_ok, visible, scale_log2, MASKED: tl.constexpr, FULL_DIM: tl.constexpr,
-    PRECISION: tl.constexpr,
+def _online_step(
+    acc, m_i, l_i, q, k_ptrs, v_ptrs, key_ok, d_ok, visible, scale_log2,
+    MASKED: tl.constexpr, FULL_DIM: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
-    """q · k for one block of keys, [M, N] in log2 units. k_ptrs [D, N]; with MASKED, only the keys `key_ok` [N]
-    are read and row i sees key j where `visible` [M, N] (-inf elsewhere); without, every key is read and seen."""
+    """One block of keys into the running softmax. k_ptrs [D, N], v_ptrs [N, D]; with MASKED, only the keys
+    `key_ok` [N] are read and row i sees key j where `visible` [M, N]; without, every key is read and seen."""
     if MASKED:
         k = tl.load(k_ptrs, mask=d_ok[:, None] & key_ok[None, :], other=0.0)  # [D, N]
+        v = tl.load(v_ptrs, mask=key_ok[:, None] & d_ok[None, :], other=0.0)  # [N, D]
     elif FULL_DIM:
         k = tl.load(k_ptrs)
+        v = tl.load(v_ptrs)
     else:
         k = tl.load(k_ptrs, mask=d_ok[:, None], other=0.0)
-    scores = tl.dot(q, k, input_precision=PRECISION) * scale_log2  # [M, N]
+        v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
+    scores = tl.dot(q, k, input_precision=PRECISION) * scale_log2  # [M, N], in log2 units
     if MASKED:
         scores = tl.where(visible, scores, float("-inf"))
-    return scores
-
-
-@triton.jit
-def _block_values(v_ptrs, key_ok, d_ok, MASKED: tl.constexpr, FULL_DIM: tl.constexpr):
-    """One block's values [N, D] from v_ptrs [N, D] (with MASKED, only the keys `key_ok`)."""
-    if MASKED:
-        return tl.load(v_ptrs, mask=key_ok[:, None] & d_ok[None, :], other=0.0)
-    elif FULL_DIM:
-        return tl.load(v_ptrs)
-    else:
-        return tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
-
-
-@triton.jit
-def _block_values_at(
-    VB, VR, start, n, p, kvh, d, d_ok, stride_bc, stride_bh, stride_vr, stride_vh, FULL_DIM: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):  # fmt: skip
-    """The values of the whole block of keys [start, start + N) of a document's sequence (see `_key_pointers`; its
-    key pointers, given the values' sources here, go unused)."""
-    _, v_ptrs = _key_pointers(
-        VB, VB, VR, VR, start, n, p, kvh, d, stride_bc, stride_bh, stride_vr, stride_vh, stride_vr, stride_vh, BLOCK_N
-    )
-    return _block_values(v_ptrs, n, d_ok, False, FULL_DIM)
-
-
-@triton.jit
-def _online_update(acc, m_i, l_i, scores, v, PRECISION: tl.constexpr):
-    """One block's scores [M, N] (log2 units) and values [N, D] into the running softmax (acc, max, sum)."""
     m_new = tl.maximum(m_i, tl.max(scores, 1))
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(scores - m_new[:, None])
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
     return acc, m_new, l_i * alpha + tl.sum(p, 1)
-
-
-@triton.jit
-def _online_step(
-    acc, m_i, l_i, q, k_ptrs, v_ptrs, key_ok, d_ok, visible, scale_log2,
-    MASKED: tl.constexpr, FULL_DIM: tl.constexpr, PRECISION: tl.constexpr,
-):  # fmt: skip
-    """One block of keys into the running softmax (`_block_scores`, `_block_values`, `_online_update`)."""
-    scores = _block_scores(q, k_ptrs, key_ok, d_ok, visible, scale_log2, MASKED, FULL_DIM, PRECISION)
-    v = _block_values(v_ptrs, key_ok, d_ok, MASKED, FULL_DIM)
-    return _online_update(acc, m_i, l_i, scores, v, PRECISION)
 
 
 @triton.jit
@@ -141,29 +103,14 @@ def _attend_keys(
     counted from the sequence's start whatever its cached share p, so a row's sums run in the same order whether
     the document was cached or is computed in this forward, alone or beside others."""
     whole_blocks = all_see // BLOCK_N * BLOCK_N
-    if whole_blocks > 0:  # software-pipelined: a block's q·k is issued before the softmax of the block before it
-        k_ptrs, _ = _key_pointers(
-            KB, VB, KR, VR, 0, n, p, kvh, d, stride_bc, stride_bh, stride_kr, stride_kh, stride_vr, stride_vh,
+    for start in range(0, whole_blocks, BLOCK_N):
+        k_ptrs, v_ptrs = _key_pointers(
+            KB, VB, KR, VR, start, n, p, kvh, d, stride_bc, stride_bh, stride_kr, stride_kh, stride_vr, stride_vh,
             BLOCK_N,
         )  # fmt: skip
-        scores = _block_scores(q, k_ptrs, n, d_ok, row_ok[:, None], scale_log2, False, FULL_DIM, PRECISION)
-        for start in range(BLOCK_N, whole_blocks, BLOCK_N):
-            k_ptrs, _ = _key_pointers(  # the next block's products, independent of this block's softmax
-                KB, VB, KR, VR, start, n, p, kvh, d, stride_bc, stride_bh, stride_kr, stride_kh, stride_vr, stride_vh,
-                BLOCK_N,
-            )  # fmt: skip
-            following = _block_scores(q, k_ptrs, n, d_ok, row_ok[:, None], scale_log2, False, FULL_DIM, PRECISION)
-            v = _block_values_at(
-                VB, VR, start - BLOCK_N, n, p, kvh, d, d_ok, stride_bc, stride_bh, stride_vr, stride_vh, FULL_DIM,
-                BLOCK_N,
-            )  # fmt: skip
-            acc, m_i, l_i = _online_update(acc, m_i, l_i, scores, v, PRECISION)
-            scores = following
-        v = _block_values_at(  # the last whole block's softmax: no next block to issue
-            VB, VR, whole_blocks - BLOCK_N, n, p, kvh, d, d_ok, stride_bc, stride_bh, stride_vr, stride_vh, FULL_DIM,
-            BLOCK_N,
-        )  # fmt: skip
-        acc, m_i, l_i = _online_update(acc, m_i, l_i, scores, v, PRECISION)
+        acc, m_i, l_i = _online_step(
+            acc, m_i, l_i, q, k_ptrs, v_ptrs, n, d_ok, row_ok[:, None], scale_log2, False, FULL_DIM, PRECISION
+        )
     for start in range(whole_blocks, any_see, BLOCK_N):
         key = start + n
         key_ok = key < any_see
