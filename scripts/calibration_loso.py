@@ -17,7 +17,11 @@ set and split into --readouts (JSONL) and reused by later runs. Then:
    kind has an eligible variant with them (order reads move top answers: raw with 3 reads may lose accuracy). With
    --name-readouts, choice questions are also read with their options answered by name (with and without length
    normalisation): the best variant of each way, by the rule above, and of those the one with the lowest log loss
-   (ECE cannot tell an accurate reader from one at chance);
+   (ECE cannot tell an accurate reader from one at chance). With --coherence-readouts, yes/no questions are scored
+   for coherence too: each train split's yes/no questions are asked with their negations
+   (`offline.coherence.negations`), and the mean |P(q) + P(not q) − 1| over the sets, each through the calibrator
+   fitted without it, is added to the yes/no score (NEGATION_WEIGHT): a bias on yes that pays in ECE on the other
+   sets' base rates but makes a question and its negation disagree is not chosen for that;
 2. the chosen variant is reported on the held-out splits: raw, contextual, fitted in-set, fitted on the set's own
    train split only, fitted with the set left out (accuracy, ECE, Brier), and the ECE a perfectly calibrated model
    would measure with the left-out confidences (the floor), and written as JSON;
@@ -36,9 +40,10 @@ from statistics import mean
 
 from typedlm import Decider
 from typedlm.decide.calibration import CALIBRATOR_FEATURES, CalibrationFile
+from typedlm.offline.coherence import negations
 from typedlm.offline.evaluate import load_examples
 from typedlm.offline.fitting import fit_calibrators
-from typedlm.offline.loso import answers_of, leave_one_set_out, set_weights
+from typedlm.offline.loso import answers_of, leave_one_set_out, left_out_negation, set_weights
 from typedlm.offline.metrics import KINDS
 from typedlm.offline.readouts import load, record, save
 from typedlm.text.prompt import PROMPT_VERSION, WORDINGS
@@ -47,15 +52,19 @@ READS = 3  # option orders recorded per choice/score question; fewer are read fr
 READS_MARGIN = 0.01  # order reads cost up to 2.3x one read: they are turned on only if they lower the score this much
 ACCURACY_SLACK = 0.01  # a variant may lower no set's accuracy (of a kind) below raw's by more than this
 FALLBACK_VARIANT = "raw, temperature"  # where none is eligible: it never moves a top answer
+NEGATION_WEIGHT = 1.0  # the yes/no score's weight on the mean negation gap (both in probability, as ECE is)
 
 
 def _by_kind(summary: dict, key: str) -> dict[str, float]:
     return {kind: values[key] for kind, values in summary.items() if kind in KINDS}
 
 
-def _kind_scores(result: dict, reference: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+def _kind_scores(
+    result: dict, reference: dict[str, dict[str, float]], negation: dict[str, float] | None = None
+) -> dict[str, dict[str, float]]:
     """Per kind, over the sets that ask it, the left-out calibrators' ECE (mean, worst, their sum: the score), NLL,
-    accuracy, and whether no set's accuracy fell below raw's by more than ACCURACY_SLACK."""
+    accuracy, and whether no set's accuracy fell below raw's by more than ACCURACY_SLACK. With `negation` (set →
+    mean negation gap, `loso.left_out_negation`), the yes/no score adds NEGATION_WEIGHT × its mean over the sets."""
     scores = {}
     for kind in KINDS:
         rows = {n: e["rows"]["calibrated, set left out"] for n, e in result.items() if kind in e["rows"]["raw"]}
@@ -70,6 +79,9 @@ def _kind_scores(result: dict, reference: dict[str, dict[str, float]]) -> dict[s
             "accuracy": mean(r[kind]["accuracy"] for r in rows.values()),
             "eligible": all(r[kind]["accuracy"] >= reference[n][kind] - ACCURACY_SLACK for n, r in rows.items()),
         }
+        if kind == "noul" and negation:
+            scores[kind]["negation"] = mean(negation.values())
+            scores[kind]["score"] += NEGATION_WEIGHT * scores[kind]["negation"]
     return scores
 
 
@@ -102,6 +114,12 @@ def main() -> int:
         "compare letters, names and names per token",
     )
     parser.add_argument(
+        "--coherence-readouts",
+        default=None,
+        help="folder of readouts of the train splits' yes/no questions and their negations (made if missing): the "
+        "yes/no variant is then chosen for coherence too",
+    )
+    parser.add_argument(
         "--select-only",
         action="store_true",
         help="train splits only: choose the variant and write its selection scores (to compare prompt versions, "
@@ -123,6 +141,7 @@ def main() -> int:
     formats = {"letters": readouts}  # how choice options are answered → the readouts read that way
     if args.name_readouts:
         formats.update(_named(args, readouts))
+    derived = _negation_readouts(args, decider) if args.coherence_readouts else {}
     # 1. choose, per question kind, the variant on train splits: each set's calibrator is fitted without it and
     #    scored on its own train split; the kind's score is its mean ECE over the sets that ask it (then NLL)
     variants = {
@@ -160,11 +179,14 @@ def main() -> int:
                 result = leave_one_set_out(by_format, base, reads, use, scored="train", balanced=balanced)
                 if not reference:  # raw, letters, one read: the accuracy floor's reference
                     reference = {name: _by_kind(entry["rows"]["raw"], "accuracy") for name, entry in result.items()}
-                scores = _kind_scores(result, reference)
+                negation = left_out_negation(derived, result, base, reads) if answers_by == "letters" else None
+                scores = _kind_scores(result, reference, negation)
                 label = variant if answers_by == "letters" else f"{answers_by}: {variant}"
                 selection[setting][label] = scores
                 line = "  ".join(
-                    f"{kind} ece {v['ece_mean']:.3f}/{v['ece_worst']:.3f}{'' if v['eligible'] else ' (acc)'}"
+                    f"{kind} ece {v['ece_mean']:.3f}/{v['ece_worst']:.3f}"
+                    + (f" negation {v['negation']:.3f}" if "negation" in v else "")
+                    + ("" if v["eligible"] else " (acc)")
                     for kind, v in scores.items()
                 )
                 print(f"  {setting}, {label:<50} {line}", flush=True)
@@ -213,7 +235,7 @@ def main() -> int:
     readouts = formats[choice_answers]
     chosen = f"{setting}; " + "; ".join(f"{kind}: {label}" for kind, label in plan.items())
     print(
-        f"chosen: {chosen}\n(mean + worst ECE, mean over kinds: "
+        f"chosen: {chosen}\n(mean + worst ECE{' (+ negation gap for yes/no)' * bool(derived)}, mean over kinds: "
         + ", ".join(f"{s} {v:.3f}" for s, v in score.items())
         + ")"
     )
@@ -258,6 +280,7 @@ def main() -> int:
         "balanced": balanced,
         "choice_answers": choice_answers,
         "variants": plan,
+        "negation_weight": NEGATION_WEIGHT if derived else None,  # None: chosen without the coherence term
         "held_out": result,
     }
     _write(args.out, report)
@@ -275,6 +298,7 @@ def main() -> int:
             "variants": plan,
             "order_reads": reads,
             "choice_answers": choice_answers,
+            "negation_weight": NEGATION_WEIGHT if derived else None,
         }
         weights = set_weights({n: answers_of(splits["train"], bases, reads) for n, splits in readouts.items()})
         calibrators = fit_calibrators(
@@ -293,6 +317,19 @@ def _write(path: str, report: dict) -> None:
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+
+
+def _negation_readouts(args: argparse.Namespace, decider: Decider) -> dict[str, list]:
+    """Per set, the readouts of its train split's yes/no questions and their negations (`coherence.negations`),
+    recorded into --coherence-readouts where missing (a set without yes/no questions has none)."""
+    folder, derived = Path(args.coherence_readouts), {}
+    for name in args.sets:
+        path = folder / f"{name}.train.jsonl"
+        if not path.is_file():
+            save(path, record(decider, negations(load_examples(name, "train", args.limit, 0)), name, 1))
+            print(f"recorded {path}", file=sys.stderr, flush=True)
+        derived[name] = load(path)
+    return derived
 
 
 def _named(args: argparse.Namespace, readouts: dict) -> dict[str, dict]:

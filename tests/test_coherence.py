@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from typedlm.core.questions import parse_questions
-from typedlm.offline.coherence import ALWAYS_TRUE, baseline, coherence, derive
+from typedlm.offline.coherence import ALWAYS_TRUE, baseline, coherence, derive, negations
 from typedlm.offline.evaldata import Example, validate
 
 REVIEW = Example(
@@ -40,6 +40,15 @@ def test_derive_builds_valid_labeled_yes_no_questions():
     assert ALWAYS_TRUE in review.questions["positive.and_true"]["instructions"]
     assert topic.gold == {"topic.is.business": True, "topic.is.sport": False}
     assert "money" in topic.questions["topic.is.business"]["instructions"]
+
+
+def test_negations_keep_only_yes_no_questions_and_their_negations():
+    derived = negations([REVIEW, TOPIC])
+    assert [e.id for e in derived] == ["r1.coherence"]  # a choice question is no negation pair: nothing derived
+    (review,) = derived
+    validate(review)
+    assert review.gold == {"positive": True, "positive.not": False}
+    assert review.questions["positive.not"] == derive([REVIEW])[0].questions["positive.not"]
 
 
 def test_scores_of_coherent_and_incoherent_answers():

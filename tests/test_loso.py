@@ -69,3 +69,60 @@ def test_each_set_reports_its_own_fit_and_the_floor_of_a_perfectly_calibrated_mo
         # 300 answers over 15 bins: even an exactly right model measures an ECE of a few hundredths
         assert 0.01 < floor["mean"] < floor["p90"] < 0.15
         assert 0.0 <= floor["share_at_most_0.05"] <= 1.0
+
+
+def _yes_no(name: str, n: int, seed: int, yes_rate: float) -> list[Readout]:
+    """Yes/no answers of a model that knows a little (its P(yes) leans to the truth), on a set where `yes_rate` of
+    the answers are yes."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        gold_yes = rng.random() < yes_rate
+        p_yes = float(np.clip(rng.normal(0.6 if gold_yes else 0.4, 0.15), 0.02, 0.98))
+        out.append(
+            Readout(
+                name,
+                str(i),
+                "q",
+                "noul",
+                "sig",
+                [[0.9 * p_yes, 0.9 * (1 - p_yes)]],
+                [[0.45, 0.45]],
+                0 if gold_yes else 1,
+            )
+        )
+    return out
+
+
+def _pairs(name: str, n: int, seed: int) -> list[Readout]:
+    """Each question with its negation, read by a model whose answers to the two are exact mirror images."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        p_yes = float(rng.uniform(0.05, 0.95))
+        for qid, p, gold in (("q", p_yes, 0), ("q.not", 1 - p_yes, 1)):
+            out.append(
+                Readout(name, f"{i}.coherence", qid, "noul", "sig", [[0.9 * p, 0.9 * (1 - p)]], [[0.45, 0.45]], gold)
+            )
+    return out
+
+
+def test_negation_gap_of_the_left_out_calibrators():
+    from typedlm.offline.loso import left_out_negation
+
+    # every set answers yes more often than no: a bias on yes fitted on the others learns their base rate
+    sets = {
+        name: {"train": _yes_no(name, 400, seed, 0.8), "held_out": _yes_no(name, 100, seed + 50, 0.8)}
+        for seed, name in enumerate(("a", "b", "c"))
+    }
+    derived = {name: _pairs(name, 200, seed + 100) for seed, name in enumerate(sets)}
+    gaps = {}
+    for label, use in (("temperature", ("bias",)), ("yes bias", ("bias", "yes_bias"))):
+        result = leave_one_set_out(sets, "raw", use=use, scored="train")
+        gaps[label] = left_out_negation(derived, result, "raw")
+        assert set(gaps[label]) == set(sets)
+    # a temperature keeps mirror-image answers summing to 1 exactly; a bias moves both up, whatever the question
+    assert max(gaps["temperature"].values()) < 1e-9
+    assert min(gaps["yes bias"].values()) > 0.05
+    # a set with no derived pairs (or none of its own readouts) is left out, not scored as 0
+    assert "d" not in left_out_negation({**derived, "d": []}, result, "raw")

@@ -93,6 +93,22 @@ def derive(examples: Iterable[Example]) -> list[Example]:
     return derived
 
 
+def negations(examples: Iterable[Example]) -> list[Example]:
+    """`derive` restricted to negation pairs: per example, its yes/no questions and their negations (what a
+    calibrator for yes/no questions is chosen on: it sees one question at a time, so of the three checks only a
+    pair's sum is one it can keep whatever the question)."""
+    derived = []
+    for example in examples:
+        questions: dict[str, dict[str, Any]] = {}
+        gold: dict[str, bool] = {}
+        for qid, question, answer in _yes_no_questions(example):
+            questions[qid], gold[qid] = dict(question), answer
+            questions[f"{qid}.{NEGATED}"], gold[f"{qid}.{NEGATED}"] = negation(question), not answer
+        if questions:
+            derived.append(Example(f"{example.id}.coherence", example.source, example.state, questions, gold))
+    return derived
+
+
 def coherence(p_yes: Mapping[tuple[str, str], float]) -> dict[str, dict[str, float]]:
     """Scores from P(yes) keyed by (example id, qid) of derived examples' answers.
 

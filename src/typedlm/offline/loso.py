@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from typedlm.decide.calibration import CALIBRATOR_FEATURES, calibrator_features, feature_scaled
+from typedlm.offline.coherence import coherence
 from typedlm.offline.fitting import fit_calibrators
 from typedlm.offline.metrics import Prediction, ece_floor, summarize
 from typedlm.offline.readouts import Readout
@@ -107,3 +108,25 @@ def leave_one_set_out(
             "calibrators": {"in-set": everything, "set left out": others, "own set": own},
         }
     return report
+
+
+def left_out_negation(
+    derived: Mapping[str, Sequence[Readout]],
+    result: Mapping[str, Mapping[str, Any]],
+    base: str | Mapping[str, str],
+    reads: int | None = 1,
+) -> dict[str, float]:
+    """Per set with negation pairs among `derived` (readouts of `coherence.negations` of its train split): the mean
+    |P(q) + P(not q) − 1| with the calibrator fitted without that set (`result`: `leave_one_set_out`'s)."""
+    gaps = {}
+    for name, rows in derived.items():
+        rows = [r for r in rows if r.kind == "noul"]
+        if name not in result or not rows:
+            continue
+        predictions = calibrated(answers_of(rows, base, reads), result[name]["calibrators"]["set left out"])
+        scores = coherence(
+            {(r.example, r.question): p.probabilities[0] for r, p in zip(rows, predictions, strict=True)}
+        )
+        if "negation" in scores:
+            gaps[name] = scores["negation"]["mean_gap"]
+    return gaps
