@@ -13,6 +13,11 @@
 
    Readouts go to OUT/VERSION-letters/SET.SPLIT.jsonl and OUT/VERSION-names/SET.SPLIT.jsonl, the folders that
    `calibration_loso.py --readouts` and `--name-readouts` read (3 order reads, as it records them).
+
+With `export --coherence`, two more folders are written beside the samples, each recorded the same way
+(`record --examples OUT/negations`, then `OUT/coherence`): the train splits' yes/no questions with their
+negations (what `calibration_loso.py --coherence-readouts` reads), and the held-out splits' coherence questions
+(`coherence.py --readouts`; its 100 examples per set).
 """
 
 from __future__ import annotations
@@ -25,19 +30,24 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 ORDER_READS = 3  # as calibration_loso.py records them
+COHERENCE_LIMIT = 100  # held-out examples per set of coherence.py's questions (its default)
 
 
 def export(args: argparse.Namespace) -> None:
+    from typedlm.offline.coherence import derive, negations
     from typedlm.offline.evaluate import load_examples
 
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     for name in args.sets:
-        for split in ("train", "held_out"):
-            examples = load_examples(name, split, args.limit, 0)
-            with (out / f"{name}.{split}.jsonl").open("w", encoding="utf-8") as f:
+        files = {f"{name}.{split}.jsonl": load_examples(name, split, args.limit, 0) for split in ("train", "held_out")}
+        if args.coherence:  # named so that `record` writes them where calibration_loso.py and coherence.py look
+            files[f"negations/{name}.train.jsonl"] = negations(files[f"{name}.train.jsonl"])
+            files[f"coherence/{name}.coherence.jsonl"] = derive(load_examples(name, "held_out", COHERENCE_LIMIT, 0))
+        for path, examples in files.items():
+            (out / path).parent.mkdir(parents=True, exist_ok=True)
+            with (out / path).open("w", encoding="utf-8") as f:
                 f.writelines(json.dumps(example.to_json()) + "\n" for example in examples)
-            print(f"{name} {split}: {len(examples)} examples")
+            print(f"{path}: {len(examples)} examples")
 
 
 def _record_one(job: tuple[str, str, str, str, str, str, str]) -> str:
@@ -87,6 +97,9 @@ def main() -> None:
     exporting.add_argument("--sets", nargs="+", required=True)
     exporting.add_argument("--limit", type=int, default=300, help="examples per set and split")
     exporting.add_argument("--out", required=True)
+    exporting.add_argument(
+        "--coherence", action="store_true", help="also the negation pairs (train) and coherence questions (held out)"
+    )
     recording = commands.add_parser("record", help="record readouts from exported samples")
     recording.add_argument("--model", required=True)
     recording.add_argument("--examples", required=True)
