@@ -94,19 +94,19 @@ def derive(examples: Iterable[Example]) -> list[Example]:
 
 
 def negations(examples: Iterable[Example]) -> list[Example]:
-    """`derive` restricted to negation pairs: per example, its yes/no questions and their negations (what a
+    """`derive` kept to its negation pairs: per example, its yes/no questions and their negations (what a
     calibrator for yes/no questions is chosen on: it sees one question at a time, so of the three checks only a
     pair's sum is one it can keep whatever the question)."""
-    derived = []
-    for example in examples:
-        questions: dict[str, dict[str, Any]] = {}
-        gold: dict[str, bool] = {}
-        for qid, question, answer in _yes_no_questions(example):
-            questions[qid], gold[qid] = dict(question), answer
-            questions[f"{qid}.{NEGATED}"], gold[f"{qid}.{NEGATED}"] = negation(question), not answer
-        if questions:
-            derived.append(Example(f"{example.id}.coherence", example.source, example.state, questions, gold))
-    return derived
+    kept = []
+    for example in derive(examples):
+        asked = [qid for qid in example.questions if f"{qid}.{NEGATED}" in example.questions]
+        pairs = [qid for question in asked for qid in (question, f"{question}.{NEGATED}")]
+        if pairs:
+            questions = {qid: example.questions[qid] for qid in pairs}
+            kept.append(
+                Example(example.id, example.source, example.state, questions, {q: example.gold[q] for q in pairs})
+            )
+    return kept
 
 
 def coherence(p_yes: Mapping[tuple[str, str], float]) -> dict[str, dict[str, float]]:
