@@ -12,6 +12,9 @@ heads, bf16; every document's question rows over its cached prefix and its rows,
 - cudnn, grouped keys: the 8 key/value heads passed as they are (`enable_gqa`);
 - cudnn, token-major: q/k/v as strided views of [tokens, heads, D] storage, as the engine holds them;
 - cudnn, key-padding bias: a third of the documents 200 keys shorter, masked by an additive bias;
+- cudnn, the engine's layout, zero-padded: grouped heads, token-major views, and the shorter documents' missing
+  keys and values zero instead of masked: each adds exactly e⁰ to its row's sum and nothing to its output, so the
+  output over the real keys is out / (1 − n_pad·e^−L) (checked here; a merge would do it in float32);
 - cudnn / flash, variable lengths: the same documents packed end to end with cumulative lengths (wall time);
 
 and whether the dense cuDNN call and the variable-length one can be captured in a CUDA graph, against the cascade
@@ -56,6 +59,8 @@ def dense_calls(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> dict:
     lengths[::3] -= SHORTER
     padding = torch.where(torch.arange(k.shape[2], device=q.device) < lengths[:, None], 0.0, float("-inf"))
     padding = padding.to(q.dtype)[:, None, None, :].expand(q.shape[0], HEADS, q.shape[2], k.shape[2])
+    beyond = torch.arange(k.shape[2], device=q.device)[None] >= lengths[:, None]  # [B, N]: keys a document lacks
+    zeroed = [x.transpose(1, 2).contiguous().masked_fill(beyond[:, :, None, None], 0.0).transpose(1, 2) for x in (k, v)]
 
     def grouped():
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
@@ -77,6 +82,7 @@ def dense_calls(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> dict:
         "cudnn, grouped keys": grouped,
         "cudnn, token-major": cudnn(*token_major),
         "cudnn, key-padding bias": cudnn(q, wide_k, wide_v, bias=padding),
+        "cudnn, the engine's layout, zero-padded": cudnn(token_major[0], *zeroed),
     }
     return calls, lengths
 
@@ -142,9 +148,10 @@ def main() -> None:
     variable, cum_k = variable_calls(q, k, v, lengths)
     rows = []
     for name, call in {**dense, **variable}.items():
-        padded, packed = "bias" in name, "variable" in name
+        padded, packed = "bias" in name or "zero-padded" in name, "variable" in name
         try:
-            out = call()[0]
+            result = call()
+            out = result[0]
         except RuntimeError as error:  # a backend this build or GPU lacks
             rows.append(dict(backend=name, error=str(error).splitlines()[0]))
             print(f"{name}: not available ({rows[-1]['error'][:120]})", flush=True)
@@ -158,6 +165,10 @@ def main() -> None:
             us = (time.perf_counter() - start) / 5 * 1e6
         else:
             us = 1000 * triton.testing.do_bench(call, warmup=10, rep=100)
+        if "zero-padded" in name:  # the zero keys taken out of each row's sum
+            missing = (n - lengths).float()[:, None, None]
+            fix = 1 - missing * torch.exp(-result[1].reshape(d, HEADS, m).float())
+            out = out.float() / fix[..., None]
         errors = []
         for i in (0, 1, d - 1):  # the first two documents (the first one shorter) and the last
             keys = int(lengths[i]) if (padded or packed) else n
