@@ -57,9 +57,9 @@ def dense_calls(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> dict:
     token_major = [x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, wide_k, wide_v)]
     lengths = torch.full((q.shape[0],), k.shape[2], device=q.device)
     lengths[::3] -= SHORTER
-    padding = torch.where(torch.arange(k.shape[2], device=q.device) < lengths[:, None], 0.0, float("-inf"))
-    padding = padding.to(q.dtype)[:, None, None, :].expand(q.shape[0], HEADS, q.shape[2], k.shape[2])
     beyond = torch.arange(k.shape[2], device=q.device)[None] >= lengths[:, None]  # [B, N]: keys a document lacks
+    padding = torch.where(beyond, float("-inf"), 0.0).to(q.dtype)
+    padding = padding[:, None, None, :].expand(q.shape[0], HEADS, q.shape[2], k.shape[2])
     zeroed = [x.transpose(1, 2).contiguous().masked_fill(beyond[:, :, None, None], 0.0).transpose(1, 2) for x in (k, v)]
 
     def grouped():
@@ -146,8 +146,9 @@ def main() -> None:
     work = 4.0 * HEAD_DIM * HEADS * m  # flops per key of one document
     dense, lengths = dense_calls(q, k, v)
     variable, cum_k = variable_calls(q, k, v, lengths)
+    calls = {**dense, **variable}
     rows = []
-    for name, call in {**dense, **variable}.items():
+    for name, call in calls.items():
         padded, packed = "bias" in name or "zero-padded" in name, "variable" in name
         try:
             result = call()
@@ -189,7 +190,6 @@ def main() -> None:
 
         cascade[questions] = 1000 * triton.testing.do_bench(attend, warmup=10, rep=100)
         print(f"cascade kernel, whole launch, Q = {questions}: {cascade[questions]:.0f} us", flush=True)
-    calls = {**dense, **variable}
     for row in rows:  # last: a capture that fails may leave the stream's work undone
         if "us" in row:
             row["graph"] = capturable(calls[row["backend"]])

@@ -19,7 +19,7 @@ from pathlib import Path
 from typedlm.decide.calibration import CalibrationFile, shipped_calibration
 from typedlm.offline.coherence import baseline, coherence, derive
 from typedlm.offline.evaluate import load_examples
-from typedlm.offline.loso import answers_of, calibrated
+from typedlm.offline.loso import yes_probabilities
 from typedlm.offline.readouts import Readout, load, record, save
 from typedlm.runtime.catalog import EMBEDDED, named_model
 
@@ -27,10 +27,8 @@ from typedlm.runtime.catalog import EMBEDDED, named_model
 def p_yes(readouts: list[Readout], method: str, file: CalibrationFile | None = None) -> dict[tuple[str, str], float]:
     """P(yes) of every (noul) readout under `method`, or under `file`'s calibrator on its base."""
     if file is None:
-        predictions = calibrated(answers_of(readouts, method, 1), {})
-    else:
-        predictions = calibrated(answers_of(readouts, {"noul": file.base_of("noul")}, 1), file.calibrator)
-    return {(r.example, r.question): p.probabilities[0] for r, p in zip(readouts, predictions, strict=True)}
+        return yes_probabilities(readouts, method, {})
+    return yes_probabilities(readouts, {"noul": file.base_of("noul")}, file.calibrator)
 
 
 def main() -> int:

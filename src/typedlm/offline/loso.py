@@ -110,6 +110,18 @@ def leave_one_set_out(
     return report
 
 
+def yes_probabilities(
+    readouts: Sequence[Readout],
+    base: str | Mapping[str, str],
+    calibrators: Mapping[str, dict[str, Any]],
+    reads: int | None = 1,
+) -> dict[tuple[str, str], float]:
+    """P(yes) of every yes/no readout on `base` through `calibrators` (none: the base itself), keyed by (example
+    id, question id), as `coherence.coherence` takes them."""
+    predictions = calibrated(answers_of(readouts, base, reads), calibrators)
+    return {(r.example, r.question): p.probabilities[0] for r, p in zip(readouts, predictions, strict=True)}
+
+
 def left_out_negation(
     derived: Mapping[str, Sequence[Readout]],
     result: Mapping[str, Mapping[str, Any]],
@@ -123,10 +135,7 @@ def left_out_negation(
         rows = [r for r in rows if r.kind == "noul"]
         if name not in result or not rows:
             continue
-        predictions = calibrated(answers_of(rows, base, reads), result[name]["calibrators"]["set left out"])
-        scores = coherence(
-            {(r.example, r.question): p.probabilities[0] for r, p in zip(rows, predictions, strict=True)}
-        )
+        scores = coherence(yes_probabilities(rows, base, result[name]["calibrators"]["set left out"], reads))
         if "negation" in scores:
             gaps[name] = scores["negation"]["mean_gap"]
     return gaps
