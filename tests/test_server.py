@@ -355,8 +355,10 @@ def test_a_server_error_says_the_connection_closes():
     failing.fail_with = RuntimeError("a bug")
     with ServerThread(create_app(failing)) as url:
         resp = post(url, BODY)
+        samples = scrape(url)
     assert resp.status_code == 500 and resp.headers["connection"] == "close"
     assert resp.json()["detail"]["error_type"] == "internal_error"
+    assert samples[("typedlm_requests_total", (("route", "/v1/systemone"), ("status", "500")))] == 1  # counted too
 
 
 def test_unknown_model_is_a_404_naming_the_served_models(fake_server_url, fake_decider):

@@ -9,7 +9,6 @@ the playground at / and /playground, docs at /docs (Swagger UI from local files)
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -30,7 +29,8 @@ from typedlm.server import chat, schemas
 from typedlm.server.auth import check_bearer
 from typedlm.server.body import NotJSON, parse_json, read_body
 from typedlm.server.errors import APIError, install_handlers
-from typedlm.server.metrics import RequestLog, RequestRecord, ServerMetrics, route_of
+from typedlm.server.metrics import RequestLog, RequestRecord, ServerMetrics
+from typedlm.server.observing import ObserveRequests
 from typedlm.server.settings import ServerSettings
 from typedlm.server.status import model_not_found
 from typedlm.server.worker import ModelWorker
@@ -112,22 +112,11 @@ def create_app(decider: DeciderLike, settings: ServerSettings | None = None) -> 
     app.state.metrics = metrics
     install_handlers(app)
 
-    @app.middleware("http")
-    async def observe(request: Request, call_next):
-        record = RequestRecord(route_of(request.url.path))
-        request.state.record = record
-        started = time.perf_counter()
-        try:
-            response = await call_next(request)
-            record.status = response.status_code
-        except Exception:
-            record.status = 500
-            raise
-        finally:
-            record.seconds = time.perf_counter() - started
-            metrics.observe(record)
-            request_log.write(record)
-        return response
+    def observed(record: RequestRecord) -> None:
+        metrics.observe(record)
+        request_log.write(record)
+
+    app.add_middleware(ObserveRequests, done=observed)
 
     def note(request: Request, response: Response, questions: Mapping[str, Question]) -> None:
         """What the request used, for its metrics and log line."""
@@ -136,7 +125,7 @@ def create_app(decider: DeciderLike, settings: ServerSettings | None = None) -> 
         for question in questions.values():
             record.questions[question.kind] = record.questions.get(question.kind, 0) + 1
 
-    def authorized(request: Request) -> None:
+    async def authorized(request: Request) -> None:  # async: no thread-pool hop per request
         check_bearer(request, settings.api_keys)
 
     def check_model(model: str | None) -> None:
