@@ -9,11 +9,14 @@ prefix cache is off), through one of two paths:
                one forward in flight at a time: the worker before batching); --pipeline gives the forwards in
                flight of the batching rows (2, the server's: the next launched while the last is finished; 1:
                one at a time)
-  http         the real server (uvicorn, `create_app`) on a loopback port, clients over HTTP (httpx)
+  http         the real server (uvicorn, `create_app`) on a loopback port, in a thread of this process; the
+               clients over HTTP (httpx) in --client-processes processes of their own (`http_clients.py`), so
+               that their Python does not share the server's interpreter lock; batching off is the server with
+               `--max-batch 1` (its own forwards in flight as ever)
 
 Per cell: documents/s, questions/s, p50 / p99 latency, mean requests per forward, the share of the matrix-rate
 limit reached (2 · non-embedding parameters · tokens per second, against --peak-tflops; on CUDA the H200's dense
-bf16 790 TFLOP/s by default) and, in process on CUDA, the share of the time the GPU spent in forwards (events
+bf16 790 TFLOP/s by default) and, on CUDA, the share of the time the GPU spent in forwards (events
 around each launch's device work: what is left is the GPU waiting for the host) and the GPU's time per document
 (those events' sum over the documents answered: what `request_steps.py` measures for one forward, here under
 sustained load). --gather-gap gives the batching rows' wait for more requests while a forward is in flight (the
@@ -34,6 +37,7 @@ import asyncio
 import itertools
 import json
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -52,6 +56,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from latency import add_model_arguments, load_benchmark_model, make_questions, make_state
 
 RESULTS = Path(__file__).parent / "results"
+CLIENT_PROCESSES = 4  # the HTTP rows' client processes (at most one per client)
 WORKLOADS = {"long": (1266, (1, 4, 32)), "short": (200, (4,))}  # name → (prefix tokens, question counts)
 
 
@@ -190,13 +195,26 @@ def in_process(
     return {**summary, "gpu_busy": gpu_busy, "gpu_ms_per_doc": gpu_ms_per_doc, "graphs": graphs}
 
 
-def over_http(decider: Decider, documents: Documents, wire: dict, clients: int, per_client: int, warmup: int = 2):
-    import httpx
+def over_http(
+    decider: Decider,
+    documents: Documents,
+    wire: dict,
+    clients: int,
+    per_client: int,
+    batching: bool,
+    warmup: int = 2,
+    processes: int = CLIENT_PROCESSES,
+) -> dict:
+    """The real server (uvicorn, `create_app`) in a thread of this process, on a loopback port; the clients in
+    `processes` processes of their own (`http_clients.py`), so that they do not share the server's interpreter
+    lock. Batching off is the server run with `--max-batch 1`."""
     import uvicorn
 
     from typedlm.server import create_app
+    from typedlm.server.protocol import with_head_timeout
 
-    app = create_app(decider, ServerSettings(max_queue=10_000, request_timeout_s=600, max_batch=decider.max_batch))
+    max_batch = decider.max_batch if batching else 1
+    app = create_app(decider, ServerSettings(max_queue=10_000, request_timeout_s=600, max_batch=max_batch))
     batches: list[int] = []
     tokens = [0]
     worker = app.state.worker
@@ -208,32 +226,57 @@ def over_http(decider: Decider, documents: Documents, wire: dict, clients: int, 
         tokens[0] += batch_tokens
 
     worker.on_batch = on_batch
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    runner = getattr(decider.engine.forward, "runner", None)
+    monitor = GpuBusy(runner) if runner is not None and runner.device.type == "cuda" else None
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=0, log_level="warning", access_log=False, http=with_head_timeout()
+    )  # as `typedlm serve` runs it
+    server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     while not server.started:
         time.sleep(0.01)
     url = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
-
-    async def run() -> tuple[list[float], float]:
-        limits = httpx.Limits(max_connections=clients + 1, max_keepalive_connections=clients + 1)
-        async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
-
-            async def ask():
-                reply = await client.post("/v1/systemone", json={"state": documents.next(), "questions": wire})
-                assert reply.status_code == 200, reply.text
-
-            await _clients(clients, warmup, ask)
-            batches.clear()
-            tokens[0] = 0
-            return await _clients(clients, per_client, ask)
-
+    shares = [clients // processes + (i < clients % processes) for i in range(min(processes, clients))]
+    loads = []
     try:
-        latencies, seconds = asyncio.run(run())
+        for share in shares:
+            job = {
+                "url": url, "questions": wire, "clients": share, "warmup": warmup, "requests": per_client,
+                "documents": [documents.next() for _ in range(share * (warmup + per_client))],
+            }  # fmt: skip
+            load = subprocess.Popen(
+                [sys.executable, str(Path(__file__).parent / "http_clients.py")],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            )  # fmt: skip
+            load.stdin.write(json.dumps(job) + "\n")
+            load.stdin.flush()
+            loads.append(load)
+        for load in loads:
+            if load.stdout.readline().strip() != "ready":
+                raise RuntimeError("an HTTP client process failed in its warm-up")
+        batches.clear()
+        tokens[0] = 0
+        if monitor is not None:
+            monitor.events.clear()
+        started = time.monotonic()
+        for load in loads:
+            load.stdin.write("go\n")
+            load.stdin.flush()
+        results = [json.loads(load.stdout.readline()) for load in loads]
+        gpu = (monitor.share(), monitor.busy_ms() / sum(batches)) if monitor is not None and batches else None
     finally:
+        for load in loads:
+            load.kill()
+            load.wait()
+        if monitor is not None:
+            monitor.close()
         server.should_exit = True
         thread.join(timeout=60)
-    return summarise(latencies, seconds, len(wire), batches, tokens[0])
+    latencies = [seconds for result in results for seconds in result["latencies"]]
+    summary = summarise(latencies, max(result["end"] for result in results) - started, len(wire), batches, tokens[0])
+    gpu_busy, gpu_ms_per_doc = gpu or (None, None)
+    return {**summary, "gpu_busy": gpu_busy, "gpu_ms_per_doc": gpu_ms_per_doc, "client_processes": len(shares)}
 
 
 def plot(report: dict, path: Path) -> None:
@@ -318,6 +361,12 @@ def main() -> None:
     parser.add_argument(
         "--warmup", type=int, default=2, help="requests per client before a cell is measured (default 2)"
     )
+    parser.add_argument(
+        "--client-processes",
+        type=int,
+        default=CLIENT_PROCESSES,
+        help=f"HTTP rows: processes the clients are spread over (default {CLIENT_PROCESSES})",
+    )
     parser.add_argument("--peak-tflops", type=float, default=None, help="matrix rate (default: 790 on CUDA)")
     parser.add_argument("--out", default=None, help="JSON path (default: results/throughput-<device>-<date>.json)")
     args = parser.parse_args()
@@ -355,14 +404,14 @@ def main() -> None:
             wire = {qid: {"type": "noul", "instructions": question.instructions} for qid, question in questions.items()}
             assert parse_request({"state": "x", "questions": wire}).questions == questions
             for path in args.paths:
-                batchings = (True,) if args.no_unbatched or path == "http" else (True, False)
+                batchings = (True,) if args.no_unbatched else (True, False)
                 threads = args.host_threads if path == "in_process" else [HOST_THREADS]
                 depths = args.pipeline if path == "in_process" else [PIPELINE_DEPTH]
                 gaps = args.gather_gap if path == "in_process" else [GATHER_GAP_S]
                 cells = [
                     (batching, depth, gap, *cell)
                     for batching in batchings
-                    for depth in (depths if batching else [1])
+                    for depth in (depths if batching or path == "http" else [1])
                     for gap in (gaps if batching else [0.0])
                     for cell in itertools.product(args.switch_interval, threads, args.clients, deciders.items())
                 ]
@@ -375,7 +424,9 @@ def main() -> None:
                             gap,
                         )  # fmt: skip
                     else:
-                        row = over_http(each, documents, wire, clients, per_client, args.warmup)
+                        row = over_http(
+                            each, documents, wire, clients, per_client, batching, args.warmup, args.client_processes
+                        )
                     flops = 2 * params * row["tokens_per_s"]
                     row.update(
                         workload=workload, prefix_tokens=prefix_tokens, questions=q, path=path, attention=attention,
