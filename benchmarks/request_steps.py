@@ -14,9 +14,6 @@ With --documents N, each forward answers N new documents together (as the server
 them): N requests are prepared (timed as one step), then answered by `Decider.decide_prepared`; a step that
 runs once per document is summed over them. The row is one forward's; divide by N for a document's share.
 
-With --dense-questions on off (a row for each, side by side), the static forward runs with and without the
-questions' dense attention call (`ops.dense`; auto: the engine's choice). A row says whether its forward used it.
-
 With --no-forward (any device) the request runs the static path (as on CUDA) with each forward replaced by
 a constant output of its size (every label step at log 1/2): what is left is the host work alone.
 """
@@ -95,7 +92,7 @@ def without_forward(runner) -> None:
     runner.forward = constant
 
 
-def measure(decider: Decider, args, q: int, n: int, sync, dense: str = "auto") -> dict:
+def measure(decider: Decider, args, q: int, n: int, sync) -> dict:
     """One row: Q = `q` questions on each of `n` new documents per forward, `args.repeats` forwards."""
     questions = make_questions(q)
     states = [make_state(decider, args.prefix_tokens, v) for v in range(max(3, 2 * n))]  # no two alike in a forward
@@ -115,9 +112,7 @@ def measure(decider: Decider, args, q: int, n: int, sync, dense: str = "auto") -
     for i in range(3):
         answer(i)
     sync()
-    row: dict = {"questions": q, "documents": n, "dense_questions_option": dense}
-    if runner is not None and runner.slots:
-        row["dense_forward"] = bool(next(reversed(runner.slots)).question_stride)
+    row: dict = {"questions": q, "documents": n}
     if args.device.startswith("cuda") and runner is not None and runner.slots:
         row.update(graph_times(next(reversed(runner.slots.values())), args.device, args.repeats))
     steps: dict[str, list[float]] = {}
@@ -142,8 +137,7 @@ def measure(decider: Decider, args, q: int, n: int, sync, dense: str = "auto") -
         f", graph: GPU {row['graph_gpu_ms']} ms, launch {row['graph_launch_ms']} ms" if "graph_gpu_ms" in row else ""
     )
     per_document = f"{row['per_document_ms']} per document"
-    dense_note = f", dense questions {dense}: {'used' if row.get('dense_forward') else 'not used'}"
-    print(f"Q = {q}, {n} document(s) per forward{dense_note}: {row['forward_ms']} ms ({per_document}){graph}")
+    print(f"Q = {q}, {n} document(s) per forward: {row['forward_ms']} ms ({per_document}){graph}")
     for step, ms in row["steps_ms"].items():
         print(f"  {step:26s} {ms:8.3f} ms")
     return row
@@ -161,29 +155,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=40)
     parser.add_argument("--no-forward", action="store_true", help="time the host work alone (see above)")
     parser.add_argument("--documents", type=int, nargs="+", default=[1], help="new documents per forward")
-    parser.add_argument(
-        "--dense-questions",
-        nargs="+",
-        default=["auto"],
-        choices=["auto", "on", "off"],
-        help="the questions' dense attention call (ops.dense): a row for each (default: the engine's choice)",
-    )
     args = parser.parse_args()
     if args.random_qwen3_06b:
         loaded = random_qwen3_06b(Path(args.tokenizer), args.device, args.dtype or "bfloat16")
     else:
         loaded = load_model(args.model, args.device, args.dtype)
     # as latency.py's typedlm: the document prefilled each time
-    switch = {"auto": None, "on": True, "off": False}
-    deciders = {
-        dense: Decider(
-            loaded,
-            prefix_cache_bytes=0,
-            engine=EngineOptions(cuda_graphs=True if args.no_forward else None, dense_questions=switch[dense]),
-        )
-        for dense in args.dense_questions
-    }
-    decider = next(iter(deciders.values()))
+    decider = Decider(loaded, prefix_cache_bytes=0, engine=EngineOptions(cuda_graphs=True if args.no_forward else None))
     cuda = args.device.startswith("cuda")
     sync = (lambda: torch.cuda.synchronize(args.device)) if cuda else (lambda: None)
     timed_steps(decider.layout, "tokenize", "tokenize")
@@ -205,8 +183,8 @@ def main() -> None:
         "rows": [],
     }
     print(f"{report['model']} on {report['device']}, {report['dtype']}; kernels: {report['kernels']}")
-    for q, n, (dense, each) in itertools.product(args.questions, args.documents, deciders.items()):
-        report["rows"].append(measure(each, args, q, n, sync, dense))
+    for q, n in itertools.product(args.questions, args.documents):
+        report["rows"].append(measure(decider, args, q, n, sync))
     print(json.dumps(report))
 
 

@@ -334,9 +334,8 @@ def main() -> None:
         "--attention",
         nargs="+",
         default=["auto"],
-        choices=["auto", "dense", "kernel", "torch"],
-        help="the cascade's attention, rows for each: the engine's choice, the Triton kernel with the questions' "
-        "dense call (ops.dense), the Triton kernel alone, torch's kernels",
+        choices=["auto", "kernel", "torch"],
+        help="the cascade's attention, rows for each: the engine's choice, the one Triton kernel, torch's kernels",
     )
     parser.add_argument(
         "--pipeline",
@@ -372,16 +371,14 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="JSON path (default: results/throughput-<device>-<date>.json)")
     args = parser.parse_args()
     loaded, dtype = load_benchmark_model(args)
-    engine_options = {
-        "auto": EngineOptions(),
-        "dense": EngineOptions(attention_kernel=True, dense_questions=True),
-        "kernel": EngineOptions(attention_kernel=True, dense_questions=False),
-        "torch": EngineOptions(attention_kernel=False),
-    }
+    kernel_option = {"auto": None, "kernel": True, "torch": False}
     deciders = {
-        attention: Decider(loaded, prefix_cache_bytes=0, calibration="raw", engine=engine_options[attention])
+        attention: Decider(
+            loaded, prefix_cache_bytes=0, calibration="raw",
+            engine=EngineOptions(attention_kernel=kernel_option[attention]),
+        )
         for attention in args.attention
-    }
+    }  # fmt: skip
     decider = next(iter(deciders.values()))
     params = non_embedding_params(loaded.model)
     peak = args.peak_tflops or (790.0 if args.device.startswith("cuda") else None)
@@ -433,8 +430,7 @@ def main() -> None:
                     flops = 2 * params * row["tokens_per_s"]
                     row.update(
                         workload=workload, prefix_tokens=prefix_tokens, questions=q, path=path, attention=attention,
-                        attention_kernel=each.features.attention_kernel, dense_questions=each.features.dense_questions,
-                        batching=batching, pipeline_depth=depth,
+                        attention_kernel=each.features.attention_kernel, batching=batching, pipeline_depth=depth,
                         gather_gap_s=gap, switch_interval_s=sys.getswitchinterval(), host_threads=host_threads,
                         clients=clients, matrix_rate=flops / (peak * 1e12) if peak else None,
                     )  # fmt: skip

@@ -138,15 +138,11 @@ def test_the_engines_probe_passes_here(heads, kv_heads, dim):
     assert kernel_agrees(heads, kv_heads, dim, torch.float32, torch.device(DEVICE))
 
 
-@pytest.mark.parametrize("dense", [False, True])
 @pytest.mark.parametrize("heads, kv_heads, dim", [(4, 2, 16), (6, 2, 24)])
-def test_kernel_takes_several_documents(heads, kv_heads, dim, dense):
+def test_kernel_takes_several_documents(heads, kv_heads, dim):
     """Several documents in one launch, each with its own buffer range (cached prefix, then its new rows) and its
-    own questions: every row equals softmax attention over its own document's keys only, row by row. With `dense`
-    the ranges are even, zero past each document's keys, and the questions' rows see their documents through
-    `ops.dense` between two launches: the same rows."""
+    own questions: every row equals softmax attention over its own document's keys only, row by row."""
     from typedlm.ops.cascade_kernel import cascade_attention
-    from typedlm.ops.dense import DenseBatch, zero_tails
 
     torch.manual_seed(7 + heads)
     # per document: new rows t, cached p, its questions' rows (a chain each, the last row a sibling of the one before)
@@ -162,11 +158,7 @@ def test_kernel_takes_several_documents(heads, kv_heads, dim, dense):
     k, v = torch.randn(rows, kv_heads, dim), torch.randn(rows, kv_heads, dim)
     starts = [sum(t + p for t, p, _ in documents[:b]) for b in range(len(documents))]
     size = starts[-1] + sum(documents[-1][:2]) + 8
-    key_stride, question_stride = 256, 32  # dense: each document's keys and question rows, rounded up
-    if dense:
-        starts = [b * key_stride for b in range(len(documents))]
-        size = len(documents) * key_stride
-    kbuf, vbuf = torch.full((2, size, kv_heads, dim), float("nan")).unbind(0)
+    kbuf, vbuf = (torch.full((size, kv_heads, dim), float("nan")) for _ in range(2))
     for (_, p, _), start in zip(documents, starts):
         kbuf[start : start + p], vbuf[start : start + p] = torch.randn(p, kv_heads, dim), torch.randn(p, kv_heads, dim)
     mask = torch.zeros(len(questions) + 1, width, width, dtype=torch.bool)  # and one padding question
@@ -183,28 +175,16 @@ def test_kernel_takes_several_documents(heads, kv_heads, dim, dense):
         [t for t, _, _ in documents], [p for _, p, _ in documents], starts, [sum(r) for _, _, r in documents],
         doc_rows, packed_rows, tokens, capacity(doc_rows, packed_rows, len(documents), tokens),
     )  # fmt: skip
-    kv = torch.stack([kbuf, vbuf])[None].to(DEVICE)  # [1, 2, C, Hkv, D]
-    on = [x.to(DEVICE) for x in (q, k, v)] + [kv[0, 0], kv[0, 1]]
-    on += [torch.from_numpy(table).to(DEVICE), torch.tensor(slots).to(DEVICE)]
-    batch = None
-    if dense:  # each document's question rows gathered, its range's tail zeroed
-        gathered, first = [], doc_rows
-        for _, _, own in documents:
-            gathered += [first + j if j < sum(own) else 0 for j in range(question_stride)]
-            first += sum(own)
-        tails = torch.tensor([[start + t + p, start + key_stride] for start, (t, p, _) in zip(starts, documents)])
-        batch = DenseBatch(torch.tensor(gathered).to(DEVICE), tails.to(DEVICE), len(documents), question_stride, 256)
-        zero_tails(kv, batch.tails)
-    got = cascade_attention(*on, mask.to(DEVICE), doc_rows, dim**-0.5, batch).cpu().double()
-    written_k = kv[0, 0].cpu()
+    on = [x.to(DEVICE) for x in (q, k, v, kbuf.clone(), vbuf.clone(), torch.from_numpy(table), torch.tensor(slots))]
+    got = cascade_attention(*on, mask.to(DEVICE), doc_rows, dim**-0.5).cpu().double()
+    written_k = on[3].cpu()
     seen = {}  # row of the forward -> (its keys, its values)
     first, packed, g = 0, doc_rows, 0
     for b, (t, p, own) in enumerate(documents):
         start = starts[b]
         assert torch.equal(written_k[start + p : start + p + t], k[first : first + t])  # written after its prefix
         end = starts[b + 1] if b + 1 < len(documents) else len(written_k)
-        after = written_k[start + p + t : end]
-        assert (after == 0).all() if dense else torch.isnan(after).all()  # and nothing else (dense: zeroed)
+        assert torch.isnan(written_k[start + p + t : end]).all()  # and nothing else
         keys, values = (
             torch.cat([kbuf[start : start + p], k[first : first + t]]),
             torch.cat([vbuf[start : start + p], v[first : first + t]]),

@@ -203,29 +203,18 @@ def test_attention_kernel_equals_torch_kernels(dtype, tokenizer):
         assert list(want["c"].probabilities.values()) == pytest.approx(list(got["c"].probabilities.values()), abs=tol)
 
 
-ATTENTION = {  # the cascade's attention: the Triton kernel with the questions' dense call, the kernel alone, torch's
-    "dense": EngineOptions(attention_kernel=True, dense_questions=True),
-    "kernel": EngineOptions(attention_kernel=True, dense_questions=False),
-    "torch": EngineOptions(attention_kernel=False),
-}
-
-
-@pytest.mark.parametrize("attention", list(ATTENTION))
+@pytest.mark.parametrize("attention_kernel", [True, False])
 @pytest.mark.parametrize("family", ["qwen3", "llama"])
-def test_requests_batched_in_one_forward_equal_each_alone_in_bfloat16(family, attention, tokenizer):
+def test_requests_batched_in_one_forward_equal_each_alone_in_bfloat16(family, attention_kernel, tokenizer):
     """Batch invariance on the GPU path the server runs (static shapes, fused kernels): several requests answered by
-    one forward equal each decided alone within 2e-3 in bfloat16, with the cascade as the one Triton kernel, with
-    the questions' dense call (the default where cuDNN runs; the 40-option question's rows make it apply) or
-    without, or as torch's kernels. (The gap to torch's kernels is printed, not bounded here.)"""
+    one forward equal each decided alone within 2e-3 in bfloat16, with the cascade as the one Triton kernel (the
+    default) or as torch's kernels. (The gap between the two kinds of kernel is printed, not bounded here.)"""
     model = tiny_model(family, len(tokenizer)).cuda().to(torch.bfloat16)
     loaded = LoadedModel(model, tokenizer, "tiny")
-    decider = Decider(loaded, calibration="raw", engine=ATTENTION[attention])
-    other = Decider(loaded, calibration="raw", engine=ATTENTION["torch" if attention != "torch" else "kernel"])
+    decider = Decider(loaded, calibration="raw", engine=EngineOptions(attention_kernel=attention_kernel))
+    other = Decider(loaded, calibration="raw", engine=EngineOptions(attention_kernel=not attention_kernel))
     assert decider.features.capture and decider.max_batch > 1
-    assert decider.features.attention_kernel == (attention != "torch")
-    assert decider.features.dense_questions == (attention == "dense")
-    if attention == "dense":
-        assert Decider(loaded, calibration="raw").features.dense_questions, "on by default where cuDNN runs"
+    assert decider.features.attention_kernel == attention_kernel
     states = [
         f"Ticket {i}: the customer was charged {i + 2} times and wants the money back." * (1 + i % 3) for i in range(7)
     ]
@@ -241,10 +230,8 @@ def test_requests_batched_in_one_forward_equal_each_alone_in_bfloat16(family, at
                     got = question.wire_probabilities(response.answers[qid].to_wire())
                     want = question.wire_probabilities(answers[qid].to_wire())
                     worst[label] = max(worst[label], *(abs(a - b) for a, b in zip(got, want, strict=True)))
-    print(f"{family}, attention {attention}: batched vs alone, max |Δp| {worst}")
+    print(f"{family}, attention kernel {attention_kernel}: batched vs alone, max |Δp| {worst}")
     assert worst["same kernels"] < 2e-3, worst
-    dense_shapes = [shape for shape in decider.engine.forward.runner.slots if shape.question_stride]
-    assert bool(dense_shapes) == (attention == "dense")
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")

@@ -121,26 +121,22 @@ def test_static_run_equals_the_dynamic_run(family, kernel, tokenizer):
         ("gemma3", False),
         pytest.param("qwen3", True, marks=[needs_triton, on_cpu]),
         pytest.param("llama", True, marks=[needs_triton, on_cpu]),
-        pytest.param("qwen3", "dense", marks=[needs_triton, on_cpu]),
     ],
 )
 def test_documents_in_one_static_forward_equal_each_alone(family, kernel, tokenizer):
     """Batch invariance: several documents (new, cached, empty, without a base) and their questions in ONE static
     forward answer as each does alone, within 1e-6 in float32, and build the same prefixes; with the attention as
-    torch's kernels, as the one Triton kernel, or ("dense": more questions) the kernel with the questions' view
-    of their documents as one dense call (`ops.dense`)."""
+    torch's kernels or as the one Triton kernel."""
     model = tiny_model(family, len(tokenizer), seed=5)
-    options = EngineOptions(cuda_graphs=True, attention_kernel=bool(kernel), dense_questions=kernel == "dense")
-    dynamic, static = Engine(model), Engine(model, options)
+    dynamic, static = Engine(model), Engine(model, EngineOptions(cuda_graphs=True, attention_kernel=kernel))
     assert not kernel or static.forward.runner.attention_kernel
-    more = 4 if kernel == "dense" else 1  # questions: from DENSE_FROM_ROWS rows a document, the dense forward
     system = dynamic.snapshot(*dynamic.prefill([11, 23, 45, 67, 89]))
     built = static.run([700 + i for i in range(25)], items(2, 4), system)[1]  # a prefix built by a static forward
     documents = [
-        ([100 + i for i in range(40)], items(3 * more, 6), system),
-        ([200 + i for i in range(17)], items(5 * more, 4), built),  # a cached document, copied in as one tensor
-        ([], items(2 * more, 5), system),  # nothing new after the base
-        ([300 + i for i in range(30)], items(4 * more, 7), None),  # no base at all
+        ([100 + i for i in range(40)], items(3, 6), system),
+        ([200 + i for i in range(17)], items(5, 4), built),  # a cached document, copied in as one tensor
+        ([], items(2, 5), system),  # nothing new after the base
+        ([300 + i for i in range(30)], items(4, 7), None),  # no base at all
         ([400 + i for i in range(9)], items(1, 3), system),
     ]
     for batch in (documents, documents[1:], documents[::-1], documents[:1]):
@@ -151,6 +147,3 @@ def test_documents_in_one_static_forward_equal_each_alone(family, kernel, tokeni
             assert prefix.length == alone_prefix.length
             for (k, v), (wk, wv) in zip(prefix.layers, alone_prefix.layers, strict=True):
                 assert torch.allclose(k, wk, atol=1e-5) and torch.allclose(v, wv, atol=1e-5)
-    runner = getattr(static.forward, "runner", None)  # none where sliding windows keep the forward eager
-    dense_shapes = [shape for shape in (runner.slots if runner else ()) if shape.question_stride]
-    assert bool(dense_shapes) == (kernel == "dense"), "the dense forward runs where asked for, only there"

@@ -21,7 +21,7 @@ def test_every_row_is_in_one_block_of_its_own_document(groups):
     covered = np.zeros(doc_rows + packed_rows, dtype=int)
     doc_first = np.cumsum([0, *lengths])[:-1]
     packed_first = doc_rows + np.cumsum([0, *packed])[:-1]
-    for first, real, stored, doc, t, key_start, p, is_packed, place in used:
+    for first, real, stored, doc, t, key_start, p, is_packed in used:
         assert 0 < stored <= tokens and real in (0, stored)
         covered[first : first + stored] += 1
         if real:  # the block lies in one document's rows, which its fields name
@@ -29,7 +29,6 @@ def test_every_row_is_in_one_block_of_its_own_document(groups):
             b = next(i for i in range(len(lengths)) if firsts[i] <= first < firsts[i] + counts[i])
             assert first + real <= firsts[b] + counts[b]
             assert (doc, t, key_start, p) == (doc_first[b], lengths[b], starts[b], cached[b])
-            assert place == (first - firsts[b] if is_packed else 0), "its place among its document's packed rows"
         else:  # padding: after the real rows of its kind, nothing to read
             assert first >= (doc_rows + sum(packed) if is_packed else sum(lengths)) and t == p == 0
     assert (covered == 1).all(), "every row of the forward, real or padding, in exactly one block"

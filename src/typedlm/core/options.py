@@ -10,10 +10,6 @@ None means "decide for this machine and model" (the default for each switch):
 - `attention_kernel`: run the static forward's attention as one Triton launch per layer (auto: on CUDA for
   16-bit models, with Triton, where the kernel agrees with plain attention on a probe of the model's shapes;
   off when `fused_kernels` is False); True on a CPU runs it in Triton's interpreter (tests);
-- `dense_questions`: with the attention kernel, forwards with many question rows per document run those rows'
-  view of their documents as one dense attention call per layer (cuDNN), the kernel doing the rest (auto: on
-  CUDA where cuDNN's attention runs the model's shapes and agrees with plain attention); True on a CPU runs
-  that call as plain torch (tests);
 - `cascade`: attention as the cascade (the shared prefix and each question's own rows apart, merged exactly);
   False runs one masked attention per layer over everything (a reference for tests).
 """
@@ -28,5 +24,4 @@ class EngineOptions:
     cuda_graphs: bool | None = None
     fused_kernels: bool | None = None
     attention_kernel: bool | None = None
-    dense_questions: bool | None = None
     cascade: bool = True

@@ -27,12 +27,8 @@ to transformers' SDPA there). This module is plain torch: it knows no model and 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
-
-if TYPE_CHECKING:
-    from typedlm.ops.dense import DenseBatch
 
 
 @dataclass(frozen=True)
@@ -77,8 +73,7 @@ class StaticPlan:
       its slices;
     - with `kernel`, the attention runs as `cascade_kernel` (one Triton launch per layer): `blocks` is then its
       table of rows per program (`kernel_blocks`), `own_mask` is [G, S, S], and `own_rows`, `own_bias`,
-      `write_slots`, `longest` are unused; with `dense` too, the packed rows' view of their documents runs as a
-      dense call between two launches (`ops.dense`).
+      `write_slots`, `longest` are unused.
     """
 
     kv: torch.Tensor
@@ -96,7 +91,6 @@ class StaticPlan:
     blocks: torch.Tensor | None = None
     longest: tuple[int, int, int] | None = None  # most document rows, packed rows and keys of one document (a
     # forward not captured as a graph knows them; None: bounded by the whole forward's)
-    dense: DenseBatch | None = None
 
 
 def kernel_available() -> bool:
@@ -314,7 +308,7 @@ def _static_cascade(layer: int, query, key, value, plan: StaticPlan, scale: floa
         from typedlm.ops import cascade_kernel
 
         out = cascade_kernel.cascade_attention(
-            q, k, v, kbuf, vbuf, plan.blocks, plan.row_slot, plan.own_mask, tb, scale, plan.dense
+            q, k, v, kbuf, vbuf, plan.blocks, plan.row_slot, plan.own_mask, tb, scale
         )
         return out[None]
     parts = []

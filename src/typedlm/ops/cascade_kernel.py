@@ -20,11 +20,6 @@ so one captured graph serves every forward of its padded sizes:
 Key blocks that every row of a program sees run without masks; only the causal edge, the buffer's end and the
 question's own rows are masked. This is exactly softmax attention over the union of those keys. Without a GPU
 the kernel runs in Triton's interpreter (`TRITON_INTERPRET=1`), which the tests use.
-
-With a `dense.DenseBatch` (many questions per document) the packed rows' dense share runs apart: the kernel is
-launched twice, first for the document blocks only (they write the keys), then, after `dense.attend`'s call, for
-the packed blocks only, each row starting from its dense output and log-sum-exp (the zero keys past its
-document's end taken out) and adding only its own question's keys.
 """
 
 from __future__ import annotations
@@ -33,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from typedlm.ops import dense, kernel_blocks
+from typedlm.ops import kernel_blocks
 
 LOG2E = 1.4426950408889634
 NUM_WARPS = 4  # these four: the fastest measured on an H200 for Qwen3-0.6B shapes (benchmarks/README.md)
@@ -138,9 +133,7 @@ def _cascade_kernel(
     KR,  # [R, Hkv, D] this forward's keys: the documents' rows, then the packed rows'
     VR,
     OUT,  # [R, H, D]
-    DENSE,  # [B, H, M, D] the packed rows' attention over their documents' ranges (PHASE 2; see ops.dense)
-    DENSE_LSE,  # [B, H, M] float32, its log-sum-exp
-    BLOCKS,  # int64 [programs, FIELDS]: each program's rows (see kernel_blocks)
+    BLOCKS,  # int64 [programs, 8]: each program's rows (see kernel_blocks)
     ROW_SLOT,  # int64 [N]: each packed row's question g and place s in it, as g·S + s
     MASK,  # bool [G, S, S]: own_mask
     stride_qr,
@@ -153,14 +146,7 @@ def _cascade_kernel(
     stride_vh,
     stride_or,
     stride_oh,
-    stride_db,  # DENSE's documents, heads and rows
-    stride_dh,
-    stride_dm,
-    stride_lb,  # DENSE_LSE's
-    stride_lh,
-    stride_lm,
     doc_rows,
-    key_stride,  # PHASE 2: each document's range of the buffer, zero past its keys
     width,  # S
     scale_log2,
     HEAD_DIM: tl.constexpr,
@@ -170,10 +156,8 @@ def _cascade_kernel(
     TOKENS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr,  # of the matrix products: "ieee" keeps float32 inputs in float32 (no TF32)
-    FIELDS: tl.constexpr,
-    PHASE: tl.constexpr,  # 0: every block; 1: the document blocks only; 2: the packed blocks only, from DENSE
 ):
-    entry = BLOCKS + tl.program_id(0) * FIELDS
+    entry = BLOCKS + tl.program_id(0) * 8
     kvh = tl.program_id(1)
     first = tl.load(entry).to(tl.int32)  # the block's first row of the forward
     real = tl.load(entry + 1).to(tl.int32)
@@ -182,13 +166,7 @@ def _cascade_kernel(
     t = tl.load(entry + 4).to(tl.int32)
     key_start = tl.load(entry + 5).to(tl.int32)  # its range of the buffer: the cached prefix [key_start, + p)
     p = tl.load(entry + 6).to(tl.int32)
-    kind = tl.load(entry + 7)
-    packed_block = kind != 0
-    dense_first = tl.load(entry + 8).to(tl.int32)  # its place among its document's packed rows
-    if PHASE != 0:  # a block of the other launch: nothing to read or write
-        taken = (kind != 0) if PHASE == 2 else (kind == 0)
-        real = tl.where(taken, real, 0)
-        stored_rows = tl.where(taken, stored_rows, 0)
+    packed_block = tl.load(entry + 7) != 0
     m = tl.arange(0, TOKENS * GROUP_ROWS)
     token = m // GROUP_ROWS
     head_ok = m % GROUP_ROWS < GROUPS
@@ -207,8 +185,6 @@ def _cascade_kernel(
         segment = place // width
         last_key = p + t - 1 + zero * row
         all_see = tl.where(live, p + t, zero)  # the whole sequence: the cached prefix and the document
-        if PHASE == 2:  # that part computed apart (DENSE)
-            all_see = zero
         any_see = all_see
         # ancestors come first: the block's own keys start at its first row's question, end at its last row
         first_packed = first - doc_rows
@@ -236,22 +212,6 @@ def _cascade_kernel(
     acc = tl.zeros((TOKENS * GROUP_ROWS, DIM), dtype=tl.float32)
     m_i = tl.full((TOKENS * GROUP_ROWS,), -1.0e30, dtype=tl.float32)  # finite: rows that see nothing stay 0
     l_i = tl.zeros((TOKENS * GROUP_ROWS,), dtype=tl.float32)
-    if PHASE == 2:  # the running softmax starts from the dense share: out and L over the range's N keys, of which
-        # n_pad are zero (e⁰ each in the sum, nothing in the output): the real keys' share of the sum is 1 − n_pad·e^−L
-        document = key_start // key_stride
-        dense_row = dense_first + token
-        out_dense = tl.load(
-            DENSE + document * stride_db + head[:, None] * stride_dh + dense_row[:, None] * stride_dm + d[None, :],
-            mask=row_ok[:, None] & d_ok[None, :],
-            other=0.0,
-        )
-        lse = tl.load(
-            DENSE_LSE + document * stride_lb + head * stride_lh + dense_row * stride_lm, mask=row_ok, other=0.0
-        )
-        kept = tl.maximum(1.0 - (key_stride - p - t).to(tl.float32) * tl.exp(-lse), 1.0e-30)
-        acc = out_dense.to(tl.float32) / kept[:, None]
-        m_i = tl.where(row_ok, (lse + tl.log(kept)) * 1.4426950408889634, m_i)  # in log2 units, as the scores
-        l_i = tl.where(row_ok, 1.0, l_i)
     acc, m_i, l_i = _attend_keys(  # the cached prefix from the buffer, then the document from this forward's rows
         acc, m_i, l_i, q, KB + key_start * stride_bc, VB + key_start * stride_bc, KR + doc_first * stride_kr,
         VR + doc_first * stride_vr, p, stride_bc, stride_bh, stride_kr, stride_kh, stride_vr, stride_vh, kvh, all_see,
@@ -289,18 +249,15 @@ def cascade_attention(
     own_mask: torch.Tensor,
     doc_rows: int,
     scale: float,
-    dense_batch: dense.DenseBatch | None = None,
 ) -> torch.Tensor:
     """Attention of every row of a static forward, in one launch; `StaticPlan`'s layout (see `attention`).
 
     q: [R, H, D] (the first `doc_rows` rows are document rows, the rest packed rows); k/v: [R, Hkv, D] this
     forward's keys and values; kbuf/vbuf: [C, Hkv, D], each document's range holding its cached prefix: its
-    new rows' keys and values are written after it; blocks: int64 [programs, FIELDS], `kernel_blocks.block_table`
+    new rows' keys and values are written after it; blocks: int64 [programs, 8], `kernel_blocks.block_table`
     for `kernel_blocks.block_tokens(H / Hkv)` tokens per block; row_slot: int64 [N] each real packed row's
     question g and place s as g·S + s (questions are runs of consecutive rows); own_mask: bool [G, S, S] place
-    i of question g sees place j. With `dense_batch` the packed rows' view of their documents runs as one dense
-    call between two launches (see the module; each document's range then starts at b · key_stride, zero past
-    its keys, and the table was built with the batch's question stride). Returns out [R, H, D]: padding rows are 0.
+    i of question g sees place j. Returns out [R, H, D]: padding rows are 0.
     """
     heads, head_dim = q.shape[1:]
     kv_heads = kbuf.shape[1]
@@ -310,23 +267,13 @@ def cascade_attention(
     assert kbuf.stride() == vbuf.stride()
     assert blocks.dim() == 2 and blocks.shape[1] == kernel_blocks.FIELDS and blocks.is_contiguous()
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # every row is written (padding rows: 0)
-
-    def launch(phase: int, dense_out: torch.Tensor, dense_lse: torch.Tensor, key_stride: int) -> None:
-        _cascade_kernel[(blocks.shape[0], kv_heads)](
-            q, kbuf, vbuf, k, v, out, dense_out, dense_lse, blocks, row_slot, own_mask,
-            *q.stride()[:2], *kbuf.stride()[:2], *k.stride()[:2], *v.stride()[:2], *out.stride()[:2],
-            *dense_out.stride()[:3], *dense_lse.stride()[:3], doc_rows, key_stride, own_mask.shape[-1], scale * LOG2E,
-            HEAD_DIM=head_dim, DIM=triton.next_power_of_2(head_dim), GROUPS=groups,
-            GROUP_ROWS=kernel_blocks.group_rows(groups), TOKENS=kernel_blocks.block_tokens(groups),
-            BLOCK_N=KEY_BLOCK, PRECISION="ieee" if q.dtype == torch.float32 else "tf32", FIELDS=kernel_blocks.FIELDS,
-            PHASE=phase, num_warps=NUM_WARPS, num_stages=NUM_STAGES,
-        )  # fmt: skip
-
-    unused = q[None, None]  # a placeholder for the dense inputs the first launch never reads
-    if dense_batch is None:
-        launch(0, unused, unused, 0)
-        return out
-    launch(1, unused, unused, 0)  # the document rows, which write their keys to the buffer
-    dense_out, dense_lse = dense.attend(q, kbuf, vbuf, dense_batch, scale)
-    launch(2, dense_out, dense_lse, dense_batch.key_stride)
+    _cascade_kernel[(blocks.shape[0], kv_heads)](
+        q, kbuf, vbuf, k, v, out, blocks, row_slot, own_mask,
+        *q.stride()[:2], *kbuf.stride()[:2], *k.stride()[:2], *v.stride()[:2], *out.stride()[:2],
+        doc_rows, own_mask.shape[-1], scale * LOG2E,
+        HEAD_DIM=head_dim, DIM=triton.next_power_of_2(head_dim), GROUPS=groups,
+        GROUP_ROWS=kernel_blocks.group_rows(groups), TOKENS=kernel_blocks.block_tokens(groups),
+        BLOCK_N=KEY_BLOCK, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+    )  # fmt: skip
     return out

@@ -6,8 +6,7 @@ own range of the key/value buffer (its cached prefix, then its rows). A block ne
 program reads one document's keys. Lengths vary from forward to forward within one captured shape, so the
 blocks are data: a row per program, `FIELDS` integers,
 
-    (first row, real rows, rows stored, document's first row, document's rows, key start, cached, packed,
-     dense row)
+    (first row, real rows, rows stored, document's first row, document's rows, key start, cached, packed)
 
 - first row: of the forward (packed rows count after the `doc_rows` document rows);
 - real rows: how many of the block's rows are real (the rest, up to `rows stored`, are padding: written as 0);
@@ -15,9 +14,7 @@ blocks are data: a row per program, `FIELDS` integers,
   them causally, a packed block's rows see them all);
 - key start, cached: its range in the buffer begins at `key start` with `cached` keys of cached prefix, and its
   new rows' keys are written after them;
-- packed: 1 for a block of question rows, 0 for document rows;
-- dense row: a packed block's first row's index among its document's packed rows: its place in the document's
-  rows of a dense batch (`ops.dense`); 0 for document rows.
+- packed: 1 for a block of question rows, 0 for document rows.
 
 Rows past `real rows` of every block, and whole rows of the table past the blocks used, are padding. Blocks
 are listed with the most keys first, so the longest programs start first.
@@ -29,7 +26,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-FIELDS = 9
+FIELDS = 8
 BLOCK_ROWS = 64  # query rows (tokens × grouped heads) per program, at most
 MIN_ROWS = 16  # the matrix units' smallest tile
 
@@ -97,7 +94,6 @@ def block_table(
         table[:, 3], table[:, 4] = doc_first[owner], lengths[owner]
         table[:, 5], table[:, 6] = starts[owner], cached_[owner]
         table[:, 7] = kind
-        table[:, 8] = first if kind == 1 else 0
         keys = cached_[owner] + (first + real if kind == 0 else lengths[owner])  # the most keys a row sees
         kinds.append((table, keys))
     blocks = np.concatenate([table for table, _ in kinds])

@@ -84,7 +84,6 @@ class Engine:
                 self.shape,
                 capture=self.features.capture,
                 attention_kernel=self.features.attention_kernel,
-                dense_questions=self.features.dense_questions,
             )
             self.forward = StaticForward(runner)
         elif self.features.one_forward:

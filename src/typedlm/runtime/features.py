@@ -29,7 +29,6 @@ class Features:
     - `static`: that one forward with static shapes (`graphs`); `capture`: replayed as CUDA graphs (on CUDA;
       a static forward on a CPU runs eagerly);
     - `attention_kernel`: the static forward's attention as one Triton launch per layer;
-    - `dense_questions`: with it, many questions' rows over their documents as one dense call per layer (`ops.dense`);
     - `fusion`: what fused kernels were swapped in (None: the model's own operations).
     """
 
@@ -39,7 +38,6 @@ class Features:
     static: bool
     capture: bool
     attention_kernel: bool
-    dense_questions: bool
     fusion: FusionReport | None
     fused_kernels_asked: bool | None = None
 
@@ -53,8 +51,7 @@ class Features:
         if not self.cascade:
             lines.append("attention: one masked attention per layer")
         elif self.attention_kernel:
-            dense = " (many questions: their documents' share through cuDNN)" if self.dense_questions else ""
-            lines.append("attention: the cascade as one Triton kernel per layer" + dense)
+            lines.append("attention: the cascade as one Triton kernel per layer")
         else:
             lines.append("attention: the cascade with torch's kernels")
         forwards = (
@@ -88,19 +85,6 @@ def prepare(model: torch.nn.Module, options: EngineOptions, shape: hf.ModelShape
                 and kernel_available()
                 and kernel_agrees(shape.heads, shape.kv_heads, shape.head_dim, dtype, device)
             )
-    dense_questions = attention_kernel and options.dense_questions is not False
-    if dense_questions and options.dense_questions is None:
-        from typedlm.ops import dense  # Triton's: importable wherever the attention kernel runs
-
-        dense_questions = dense.cudnn_agrees(shape.heads, shape.kv_heads, shape.head_dim, dtype, device)
     return Features(
-        device,
-        cascade,
-        one_forward,
-        static,
-        static and on_cuda,
-        attention_kernel,
-        dense_questions,
-        fusion,
-        options.fused_kernels,
+        device, cascade, one_forward, static, static and on_cuda, attention_kernel, fusion, options.fused_kernels
     )

@@ -16,9 +16,6 @@ memory. So a request's forward is made static:
 
 Several documents can share one forward (`run_documents`): each takes its own range of the key/value buffer
 (its cached prefix copied in, then its rows), and the attention runs one range per document (`StaticPlan`).
-With many questions per document (`static_inputs.DENSE_FROM_ROWS`) and `dense_questions`, the ranges are even
-(one key stride each, zeroed past their keys before the first layer) and the questions' rows see their documents
-through one dense call per layer (`ops.dense`).
 `launch_documents` returns once the forward is queued: its label steps come back into pinned memory behind the
 replay, so the next forward's inputs can be written (and the same graph replayed again) while it runs.
 
@@ -39,7 +36,6 @@ import torch
 
 from typedlm.ops import kernel_blocks
 from typedlm.ops.attention import StaticPlan, additive
-from typedlm.ops.dense import DenseBatch, zero_tails
 from typedlm.runtime import hf
 from typedlm.runtime.hf import Layers
 from typedlm.runtime.packing import PackedBatch
@@ -73,8 +69,7 @@ class StaticRunner:
     `body` is the model without its head, its attention set to the cascade; `head` maps hidden states [R, D]
     to log-probabilities [R, V]; `masks` is what the body takes as `attention_mask` (none needed). With
     `attention_kernel` a layer's attention runs as `cascade_kernel`'s one Triton launch (on a CPU: in Triton's
-    interpreter), and with `dense_questions` too, many questions' view of their documents as a dense call
-    (`ops.dense`); the engine's `Features` decide them, and `capture`.
+    interpreter); the engine's `Features` decide it, and `capture`.
     """
 
     def __init__(
@@ -85,7 +80,6 @@ class StaticRunner:
         shape: hf.ModelShape,
         capture: bool,
         attention_kernel: bool,
-        dense_questions: bool = False,
     ):
         self.body, self.head, self.masks, self.capture = body, head, masks, capture
         self.heads, self.kv_heads, self.head_dim, self.layers = (
@@ -97,7 +91,6 @@ class StaticRunner:
         param = next(body.parameters())
         self.dtype, self.device = param.dtype, param.device
         self.attention_kernel = attention_kernel
-        self.dense_questions = dense_questions and attention_kernel
         self.block_tokens = kernel_blocks.block_tokens(self.heads // self.kv_heads) if attention_kernel else 0
         self.kv: torch.Tensor | None = None  # [L, 2, C, Hkv, D]
         self.held: list = []  # prefixes whose keys/values the buffer holds at [0, length)
@@ -162,12 +155,7 @@ class StaticRunner:
         )
         if self.attention_kernel:
             blocks = f("blocks").view(-1, kernel_blocks.FIELDS)
-            dense = None
-            if shape.question_stride:
-                tails = f("tails").view(shape.documents, 2)
-                dense = DenseBatch(f("dense_rows"), tails, shape.documents, shape.question_stride, shape.key_stride)
-                zero_tails(self.kv, tails)  # before any layer's dense call reads them
-            plan = StaticPlan(**common, own_mask=own_mask, own_bias=None, kernel=True, blocks=blocks, dense=dense)
+            plan = StaticPlan(**common, own_mask=own_mask, own_bias=None, kernel=True, blocks=blocks)
         else:
             own_mask = own_mask[:, None].repeat(1, 1, self.heads // self.kv_heads, 1)  # [G, 1, groups·S, S]
             bias = additive(own_mask, self.dtype)
@@ -242,17 +230,13 @@ class StaticRunner:
         order: any later forward, or copy, reads them after this one wrote them.
         """
         first = documents[0]
-        shape = Shape.of(sum(len(d.ids) for d in documents), batch, documents, dense=self.dense_questions)
+        starts, end = [], 0
+        for document in documents:
+            starts.append(end)
+            end += document.cached + len(document.ids)
+        shape = Shape.of(sum(len(d.ids) for d in documents), batch, documents)
         if self.attention_kernel:  # its grid is the block table's: the longest document does not size it
             shape = dataclasses.replace(shape, longest=None)
-        if shape.key_stride:  # even ranges, every one of the shape's read by the dense call
-            starts = [b * shape.key_stride for b in range(len(documents))]
-            end = shape.documents * shape.key_stride
-        else:  # end to end
-            starts, end = [], 0
-            for document in documents:
-                starts.append(end)
-                end += document.cached + len(document.ids)
         self._ensure_capacity(end + shape.doc_rows)
         self._load_base(first.base)
         for document, start in zip(documents[1:], starts[1:]):

@@ -7,8 +7,7 @@ here:
 - `bucket` / `documents_bucket`: row counts and document counts rounded up, so that similar requests share a
   shape (at most 25% padding; past `FINE_FROM` rows a fixed step of `FINE_STEP` keeps large forwards' padding
   low);
-- `Shape`: the bucketed sizes of one forward; with many question rows per document (`DENSE_FROM_ROWS`) and the
-  dense path on, also each document's even range of keys and of gathered question rows (`ops.dense`);
+- `Shape`: the bucketed sizes of one forward;
 - `Slot`: one shape's static inputs, all integers in one int64 arena (a pinned host copy and its device twin,
   one host→device copy per forward; the segments' visibility packed as bits), filled per forward by `fill`.
   With the attention kernel the arena holds its block table too (`ops.kernel_blocks`).
@@ -29,8 +28,6 @@ from typedlm.ops import kernel_blocks
 from typedlm.runtime.packing import PackedBatch
 
 FINE_FROM, FINE_STEP = 4096, 512  # rows past which the buckets grow by a fixed step (see `bucket`)
-DENSE_FROM_ROWS = 32  # question rows of one document from which they see it through one dense call (`ops.dense`)
-KEY_STRIDE_STEP = 128  # each document's range of keys in a dense forward: its longest rounded up to this
 
 
 @dataclass(frozen=True)
@@ -77,13 +74,9 @@ class Shape:
     documents: int = 1
     longest: tuple[int, int, int] | None = None  # several documents: the most document rows, packed rows and keys of
     # one of them (bucketed; they size the attention's grid), see StaticPlan.longest
-    key_stride: int = 0  # a dense forward (`ops.dense`): each document's range of keys, and of question rows
-    question_stride: int = 0
 
     @classmethod
-    def of(cls, doc_rows: int, batch: PackedBatch, documents: Sequence[Document] = (), dense: bool = False) -> Shape:
-        """The shape of a forward of `doc_rows` document rows and `batch`'s packed rows, for `documents`; with
-        `dense`, a dense forward where a document has `DENSE_FROM_ROWS` question rows or more."""
+    def of(cls, doc_rows: int, batch: PackedBatch, documents: Sequence[Document] = ()) -> Shape:
         segments = batch.segments
         width = max(end - start for start, end in segments)
         longest = None
@@ -94,12 +87,6 @@ class Shape:
                 bucket(max(d.packed_rows for d in documents) + packed - batch.n_rows),  # padding joins the last
                 bucket(max(d.cached + len(d.ids) for d in documents)),
             )
-        key_stride = question_stride = 0
-        most_questions = max((d.packed_rows for d in documents), default=batch.n_rows)
-        if dense and documents and most_questions >= DENSE_FROM_ROWS:
-            question_stride = bucket(most_questions)
-            keys = max(d.cached + len(d.ids) for d in documents)
-            key_stride = -(-keys // KEY_STRIDE_STEP) * KEY_STRIDE_STEP
         return cls(
             bucket(doc_rows),
             bucket(batch.n_rows),
@@ -109,8 +96,6 @@ class Shape:
             bucket(len(batch.step_token)),
             documents_bucket(max(len(documents), 1)),
             longest,
-            key_stride,
-            question_stride,
         )
 
     def fields(self, block_tokens: int = 0) -> dict[str, int]:
@@ -127,8 +112,6 @@ class Shape:
             "write_slots": self.doc_rows,
             "cu": 3 * (self.documents + 1) + 2,  # cu_doc, cu_keys, cu_packed, (real packed rows, 0)
             "blocks": kernel_blocks.FIELDS * blocks,
-            "dense_rows": self.documents * self.question_stride,  # `ops.dense.DenseBatch`'s rows and tails
-            "tails": 2 * self.documents if self.question_stride else 0,
             "own_rows": g * s,
             "own_mask": g * s * s // 64,  # bits, 64 per word (the width is a multiple of 8)
             "row_slot": self.packed_rows,
@@ -206,8 +189,6 @@ class Slot:
                 self.block_tokens,
                 len(self.host_field("blocks")) // kernel_blocks.FIELDS,
             ).ravel()
-        if shape.question_stride:
-            self._fill_dense(documents, starts)
         input_ids[tb : tb + n] = batch.input_ids
         positions[tb : tb + n] = batch.position_ids
         self.arena.copy_(self.host_tensor, non_blocking=True)
@@ -241,20 +222,6 @@ class Slot:
         cu_packed[1 : b + 1], cu_packed[b + 1 :] = packed, packed[-1]
         cu_packed[-1] = shape.packed_rows  # padding rows join the last range (their output is never read)
         self.host_field("cu")[3 * ranges :] = (packed[-1], 0)
-
-    def _fill_dense(self, documents: Sequence[Document], starts: Sequence[int]) -> None:
-        """A dense forward's gathered question rows and the ranges' parts to zero (see `ops.dense.DenseBatch`):
-        document b's ranges start at b · the strides."""
-        shape, b = self.shape, len(documents)
-        packed = np.array([document.packed_rows for document in documents], dtype=np.int64)  # [B]
-        first = shape.doc_rows + np.cumsum(packed) - packed  # [B] each document's first packed row
-        place = np.arange(shape.question_stride)  # [M]
-        rows = self.host_field("dense_rows").reshape(shape.documents, shape.question_stride)
-        rows[:b] = np.where(place[None] < packed[:, None], first[:, None] + place[None], 0)  # padding places: row 0
-        tails = self.host_field("tails").reshape(shape.documents, 2)  # unused ranges stay [0, 0)
-        starts_ = np.asarray(starts, dtype=np.int64)
-        tails[:b, 0] = starts_ + [document.cached + len(document.ids) for document in documents]
-        tails[:b, 1] = starts_ + shape.key_stride
 
     def _layout_inputs(self, batch: PackedBatch) -> np.ndarray:
         """The arena's fields from `own_rows` on, for this batch's layout: segments, read plan."""
