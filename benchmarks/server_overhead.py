@@ -1,0 +1,151 @@
+"""The server's own CPU per request, thread by thread: what HTTP costs around the model.
+
+    python benchmarks/server_overhead.py                  # a tiny random Qwen3 (the embedded tokenizer), CPU
+    python benchmarks/server_overhead.py --model ID_OR_PATH [--device cuda]
+
+The real server (`create_app`, run as `typedlm serve` runs it: uvicorn, the head-deadline protocol, no access
+log) in a thread of this process; --clients clients in another process (`http_clients.py`) send --requests
+requests of a new document (P ≈ --prefix-tokens) and --questions yes/no questions each. Every thread of this
+process is timed by the kernel's CPU accounting (psutil) over the measured requests: the event loop's thread
+(HTTP parsing, the routes, JSON in and out, the metrics) is the one HTTP adds; the others are the model worker's
+(preparing, the forward, the answers). In one interpreter they all share one lock, so the event loop's CPU per
+request is taken from what the model thread can use at high request rates. Prints a line per round (--rounds)
+and ends with one JSON line. The tiny model keeps the forward short, so the rounds are quick; the event loop's
+share does not depend on the model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import torch
+import uvicorn
+
+sys.path.insert(0, str(Path(__file__).parent))
+from latency import make_questions
+
+from typedlm.decide.decider import Decider
+from typedlm.runtime.models import LoadedModel, converted_gguf, embedded_gguf_path, load_model
+from typedlm.server import create_app
+from typedlm.server.protocol import with_head_timeout
+from typedlm.server.settings import ServerSettings
+
+
+def tiny_qwen3() -> LoadedModel:
+    """A 2-layer random Qwen3 over the embedded model's tokenizer: the forward costs little, the host work is real."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config
+
+    tokenizer = AutoTokenizer.from_pretrained(converted_gguf(embedded_gguf_path()))
+    config = Qwen3Config(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=4096,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa").eval()
+    return LoadedModel(model, tokenizer, "tiny-qwen3")
+
+
+def cpu_by_thread() -> dict[int, float]:
+    return {thread.id: thread.user_time + thread.system_time for thread in psutil.Process().threads()}
+
+
+def one_round(decider: Decider, args: argparse.Namespace, round_: int) -> dict:
+    app = create_app(decider, ServerSettings(max_queue=10_000, request_timeout_s=600))
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=0, log_level="warning", access_log=False, http=with_head_timeout()
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.01)
+    questions = {
+        qid: {"type": "noul", "instructions": q.instructions} for qid, q in make_questions(args.questions).items()
+    }
+    line = "Message {i}: the customer writes about a refund for order {i}, charged twice last week. "
+    base = "".join(line.format(i=i) for i in range(args.prefix_tokens // 20))
+    per_client = max(1, args.requests // args.clients)
+    warmup = 2
+    job = {
+        "url": f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}", "questions": questions,
+        "clients": args.clients, "warmup": warmup, "requests": per_client,
+        "documents": [f"Ticket {round_}-{i}.\n{base}" for i in range(args.clients * (warmup + per_client))],
+    }  # fmt: skip
+    load = subprocess.Popen(
+        [sys.executable, str(Path(__file__).parent / "http_clients.py")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        load.stdin.write(json.dumps(job) + "\n")
+        load.stdin.flush()
+        if load.stdout.readline().strip() != "ready":
+            raise RuntimeError("the client process failed in its warm-up")
+        before, started = cpu_by_thread(), time.monotonic()
+        load.stdin.write("go\n")
+        load.stdin.flush()
+        result = json.loads(load.stdout.readline())
+        after = cpu_by_thread()
+    finally:
+        load.kill()
+        load.wait()
+        server.should_exit = True
+        thread.join(timeout=60)
+    n = len(result["latencies"])
+    per_thread = {tid: 1000 * (after[tid] - before.get(tid, 0.0)) / n for tid in after}
+    loop_ms = per_thread.pop(thread.native_id, 0.0)
+    others = sorted((ms for ms in per_thread.values() if ms >= 0.01), reverse=True)
+    return {
+        "requests": n,
+        "requests_per_s": n / (result["end"] - started),
+        "event_loop_cpu_ms": loop_ms,
+        "process_cpu_ms": loop_ms + sum(per_thread.values()),
+        "other_threads_cpu_ms": others,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None, help="default: a tiny random Qwen3 over the embedded tokenizer")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--requests", type=int, default=200, help="measured requests per round")
+    parser.add_argument("--questions", type=int, default=1)
+    parser.add_argument("--prefix-tokens", type=int, default=600)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    loaded = load_model(args.model, args.device) if args.model else tiny_qwen3()
+    decider = Decider(loaded, prefix_cache_bytes=0, calibration="raw")
+    rounds = []
+    for round_ in range(args.rounds):
+        row = one_round(decider, args, round_)
+        rounds.append(row)
+        others = ", ".join(f"{ms:.2f}" for ms in row["other_threads_cpu_ms"][:4])
+        print(
+            f"round {round_ + 1}: {row['requests_per_s']:.0f} requests/s; CPU per request: event loop "
+            f"{row['event_loop_cpu_ms']:.2f} ms, the whole process {row['process_cpu_ms']:.2f} ms (busiest other "
+            f"threads {others})",
+            flush=True,
+        )
+    summary = {
+        "benchmark": "server_overhead",
+        "model": decider.name,
+        "device": args.device,
+        "clients": args.clients,
+        "questions": args.questions,
+        "prefix_tokens": args.prefix_tokens,
+        "event_loop_cpu_ms_median": statistics.median(row["event_loop_cpu_ms"] for row in rounds),
+        "rounds": rounds,
+    }
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()
