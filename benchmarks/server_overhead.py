@@ -19,23 +19,19 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import psutil
 import torch
-import uvicorn
 
 sys.path.insert(0, str(Path(__file__).parent))
+from http_clients import ClientProcesses, served
 from latency import make_questions
 
 from typedlm.decide.decider import Decider
 from typedlm.runtime.models import LoadedModel, converted_gguf, embedded_gguf_path, load_model
 from typedlm.server import create_app
-from typedlm.server.protocol import with_head_timeout
 from typedlm.server.settings import ServerSettings
 
 
@@ -58,15 +54,6 @@ def cpu_by_thread() -> dict[int, float]:
 
 
 def one_round(decider: Decider, args: argparse.Namespace, round_: int) -> dict:
-    app = create_app(decider, ServerSettings(max_queue=10_000, request_timeout_s=600))
-    config = uvicorn.Config(
-        app, host="127.0.0.1", port=0, log_level="warning", access_log=False, http=with_head_timeout()
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
     questions = {
         qid: {"type": "noul", "instructions": q.instructions} for qid, q in make_questions(args.questions).items()
     }
@@ -74,30 +61,21 @@ def one_round(decider: Decider, args: argparse.Namespace, round_: int) -> dict:
     base = "".join(line.format(i=i) for i in range(args.prefix_tokens // 20))
     per_client = max(1, args.requests // args.clients)
     warmup = 2
-    job = {
-        "url": f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}", "questions": questions,
-        "clients": args.clients, "warmup": warmup, "requests": per_client,
-        "documents": [f"Ticket {round_}-{i}.\n{base}" for i in range(args.clients * (warmup + per_client))],
-    }  # fmt: skip
-    load = subprocess.Popen(
-        [sys.executable, str(Path(__file__).parent / "http_clients.py")],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        load.stdin.write(json.dumps(job) + "\n")
-        load.stdin.flush()
-        if load.stdout.readline().strip() != "ready":
-            raise RuntimeError("the client process failed in its warm-up")
-        before, started = cpu_by_thread(), time.monotonic()
-        load.stdin.write("go\n")
-        load.stdin.flush()
-        result = json.loads(load.stdout.readline())
-        after = cpu_by_thread()
-    finally:
-        load.kill()
-        load.wait()
-        server.should_exit = True
-        thread.join(timeout=60)
+    app = create_app(decider, ServerSettings(max_queue=10_000, request_timeout_s=600))
+    with served(app) as (url, thread):
+        job = {
+            "url": url, "questions": questions, "clients": args.clients, "warmup": warmup, "requests": per_client,
+            "documents": [f"Ticket {round_}-{i}.\n{base}" for i in range(args.clients * (warmup + per_client))],
+        }  # fmt: skip
+        load = ClientProcesses([job])
+        try:
+            load.ready()
+            before = cpu_by_thread()
+            started = load.go()
+            (result,) = load.results()
+            after = cpu_by_thread()
+        finally:
+            load.close()
     n = len(result["latencies"])
     per_thread = {tid: 1000 * (after[tid] - before.get(tid, 0.0)) / n for tid in after}
     loop_ms = per_thread.pop(thread.native_id, 0.0)

@@ -37,9 +37,7 @@ import asyncio
 import itertools
 import json
 import statistics
-import subprocess
 import sys
-import threading
 import time
 from datetime import date
 from pathlib import Path
@@ -208,10 +206,9 @@ def over_http(
     """The real server (uvicorn, `create_app`) in a thread of this process, on a loopback port; the clients in
     `processes` processes of their own (`http_clients.py`), so that they do not share the server's interpreter
     lock. Batching off is the server run with `--max-batch 1`."""
-    import uvicorn
+    from http_clients import ClientProcesses, served
 
     from typedlm.server import create_app
-    from typedlm.server.protocol import with_head_timeout
 
     max_batch = decider.max_batch if batching else 1
     app = create_app(decider, ServerSettings(max_queue=10_000, request_timeout_s=600, max_batch=max_batch))
@@ -228,51 +225,29 @@ def over_http(
     worker.on_batch = on_batch
     runner = getattr(decider.engine.forward, "runner", None)
     monitor = GpuBusy(runner) if runner is not None and runner.device.type == "cuda" else None
-    config = uvicorn.Config(
-        app, host="127.0.0.1", port=0, log_level="warning", access_log=False, http=with_head_timeout()
-    )  # as `typedlm serve` runs it
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
-    url = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
     shares = [clients // processes + (i < clients % processes) for i in range(min(processes, clients))]
-    loads = []
-    try:
+    with served(app) as (url, _):
+        jobs = []
         for share in shares:
-            job = {
-                "url": url, "questions": wire, "clients": share, "warmup": warmup, "requests": per_client,
-                "documents": [documents.next() for _ in range(share * (warmup + per_client))],
-            }  # fmt: skip
-            load = subprocess.Popen(
-                [sys.executable, str(Path(__file__).parent / "http_clients.py")],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            documents_of_share = [documents.next() for _ in range(share * (warmup + per_client))]
+            jobs.append(
+                {"url": url, "questions": wire, "clients": share, "warmup": warmup, "requests": per_client,
+                 "documents": documents_of_share}
             )  # fmt: skip
-            load.stdin.write(json.dumps(job) + "\n")
-            load.stdin.flush()
-            loads.append(load)
-        for load in loads:
-            if load.stdout.readline().strip() != "ready":
-                raise RuntimeError("an HTTP client process failed in its warm-up")
-        batches.clear()
-        tokens[0] = 0
-        if monitor is not None:
-            monitor.events.clear()
-        started = time.monotonic()
-        for load in loads:
-            load.stdin.write("go\n")
-            load.stdin.flush()
-        results = [json.loads(load.stdout.readline()) for load in loads]
-        gpu = (monitor.share(), monitor.busy_ms() / sum(batches)) if monitor is not None and batches else None
-    finally:
-        for load in loads:
-            load.kill()
-            load.wait()
-        if monitor is not None:
-            monitor.close()
-        server.should_exit = True
-        thread.join(timeout=60)
+        loads = ClientProcesses(jobs)
+        try:
+            loads.ready()
+            batches.clear()
+            tokens[0] = 0
+            if monitor is not None:
+                monitor.events.clear()
+            started = loads.go()
+            results = loads.results()
+            gpu = (monitor.share(), monitor.busy_ms() / sum(batches)) if monitor is not None and batches else None
+        finally:
+            loads.close()
+            if monitor is not None:
+                monitor.close()
     latencies = [seconds for result in results for seconds in result["latencies"]]
     summary = summarise(latencies, max(result["end"] for result in results) - started, len(wire), batches, tokens[0])
     gpu_busy, gpu_ms_per_doc = gpu or (None, None)
