@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -174,3 +175,43 @@ def test_serve_with_env_and_flag_keys_finishes_in_flight_requests_on_sigterm(emb
 def test_keys_from_env():
     assert keys_from_env({"TYPEDLM_API_KEYS": " a, ,b ,"}) == ("a", "b")
     assert keys_from_env({}) == ()
+
+
+def _model_process_of(server_pid: int) -> int:
+    """The pid of `serve`'s model process: the child of the server running the spawned interpreter's main."""
+    children = Path(f"/proc/{server_pid}/task/{server_pid}/children").read_text().split()
+    spawned = [int(pid) for pid in children if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    assert len(spawned) == 1, children
+    return spawned[0]
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux's /proc to find the model process")
+def test_serve_stops_with_exit_3_when_its_model_process_dies(embedded_dir):
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "typedlm.cli", "serve", "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert server.poll() is None, server.stderr.read()
+            try:
+                if httpx.get(url + "/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.2)
+        assert httpx.post(url + "/v1/systemone", json=REQUEST, timeout=120).status_code == 200
+        os.kill(_model_process_of(server.pid), signal.SIGKILL)
+        assert server.wait(timeout=120) == 3
+        stderr = server.stderr.read()
+        assert "the model in a process of its own" in stderr
+        assert "the model process exited (exit code -9)" in stderr
+    finally:
+        server.kill()
+        server.wait()

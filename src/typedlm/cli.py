@@ -15,6 +15,7 @@ address it cannot listen on (a port in use) exits 4, before loading the model.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -138,6 +139,13 @@ def build_parser() -> argparse.ArgumentParser:
         dest="fused_kernels",
         action="store_false",
         help="on CUDA, keep the model's own norms, MLPs and rotary and torch's attention kernels",
+    )
+    serve.add_argument(
+        "--model-process",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run the model in a process of its own, so that HTTP work and the model's threads do not share one "
+        "interpreter lock (default); --no-model-process: the model in the server's process",
     )
     serve.add_argument(
         "--replicas",
@@ -295,8 +303,8 @@ def _serve_options(args: argparse.Namespace, kind: type[ServeOptions] | None = N
 def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from typedlm.decide.decider import Decider
     from typedlm.server import create_app
+    from typedlm.server.model_process import ModelProcess
     from typedlm.server.protocol import with_head_timeout
 
     if args.max_queue < 1:
@@ -309,9 +317,54 @@ def serve(args: argparse.Namespace) -> int:
     if args.replicas is not None:
         return serve_replicas(args)
     options = _serve_options(args)
+    if args.model_process:  # loaded there; it prints what it loaded
+        model = ModelProcess(functools.partial(load_served_decider, options), options.settings())
+    else:
+        model = load_served_decider(options)
+    name = model.name
+    settings = options.settings(aliases=_aliases(name))
+    app = create_app(model, settings)
+    batch = app.state.model.max_batch  # what the decider can, within --max-batch
+    batching = f"up to {batch} requests per forward" if batch > 1 else "one request per forward"
+    where = "a process of its own" if args.model_process else "the server's process"
+    print(f"typedlm: batching: {batching} (--max-batch {settings.max_batch}); the model in {where}", file=sys.stderr)
+    auth = f"{len(settings.api_keys)} API key(s)" if settings.api_keys else "auth off"
+    print(f"typedlm: serving {name} on http://{args.host}:{args.port} ({auth})", file=sys.stderr, flush=True)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=args.host,
+            port=args.port,
+            timeout_graceful_shutdown=60,
+            access_log=False,  # the request log (typedlm.requests) says more, one line per request
+            timeout_keep_alive=KEEP_ALIVE_S,
+            http=with_head_timeout(args.head_timeout),
+        )
+    )
+    if isinstance(model, ModelProcess):  # the model process gone: stop serving (for a supervisor to restart us)
+        model.on_exit = lambda: setattr(server, "should_exit", True)
+    try:
+        server.run()
+    finally:
+        if isinstance(model, ModelProcess):
+            model.close()  # the forwards in flight finished first
+    if not server.started:
+        print("typedlm: the HTTP server did not start", file=sys.stderr)
+        return 1
+    if isinstance(model, ModelProcess) and model.failure is not None:
+        print(f"typedlm: {model.failure}", file=sys.stderr)
+        return EXIT_MODEL
+    return 0
+
+
+def load_served_decider(options: ServeOptions):
+    """The decider `serve` answers with (in the model process, or the server's with --no-model-process), and the
+    lines that say what was loaded."""
+    from typedlm.decide.decider import Decider
+
     started = time.perf_counter()
     decider = Decider.load(**options.decider_options())
-    settings = options.settings(aliases=_aliases(decider.name))
     about = decider.describe()
     print(
         f"typedlm: loaded {about['model']} in {time.perf_counter() - started:.1f} s: {about['device']}, "
@@ -321,23 +374,7 @@ def serve(args: argparse.Namespace) -> int:
     )
     for line in decider.features.summary():
         print(f"typedlm: {line}", file=sys.stderr)
-    app = create_app(decider, settings)
-    batch = app.state.worker.max_batch  # what the decider can, within --max-batch
-    batching = f"up to {batch} requests per forward" if batch > 1 else "one request per forward"
-    print(f"typedlm: batching: {batching} (--max-batch {settings.max_batch})", file=sys.stderr)
-    auth = f"{len(settings.api_keys)} API key(s)" if settings.api_keys else "auth off"
-    print(f"typedlm: serving {decider.name} on http://{args.host}:{args.port} ({auth})", file=sys.stderr, flush=True)
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    uvicorn.run(
-        app,
-        host=args.host,
-        port=args.port,
-        timeout_graceful_shutdown=60,
-        access_log=False,  # the request log (typedlm.requests) says more, one line per request
-        timeout_keep_alive=KEEP_ALIVE_S,
-        http=with_head_timeout(args.head_timeout),
-    )
-    return 0
+    return decider
 
 
 def serve_replicas(args: argparse.Namespace) -> int:

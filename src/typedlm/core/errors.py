@@ -26,6 +26,9 @@ class InvalidRequest(TypedLMError):
         self.loc = loc
         self.kind = kind  # a machine-readable code, e.g. "json_invalid"
 
+    def __reduce__(self):  # pickled whole, loc and kind with it (an error from the model's own process)
+        return type(self), (self.message, self.loc, self.kind)
+
     def __str__(self) -> str:
         where = ".".join(str(part) for part in self.loc)
         return f"{where}: {self.message}" if where else self.message

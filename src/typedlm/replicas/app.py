@@ -77,7 +77,7 @@ class Replica:
 
     def __del__(self):
         if hasattr(self, "app"):  # its model loaded
-            self.app.state.worker.close()  # finish the forward in flight
+            self.app.state.model.close()  # finish the forward in flight
 
 
 def _response(reply: Reply) -> Response:

@@ -1,6 +1,7 @@
-"""The FastAPI application: routes that translate between the wire and a decider.
+"""The FastAPI application: routes that translate between the wire and a served model (`serving`).
 
-    app = create_app(decider, ServerSettings(api_keys=("secret",)))
+    app = create_app(decider, ServerSettings(api_keys=("secret",)))   # the decider in this process
+    app = create_app(ModelProcess(load, settings), settings)           # the model in a process of its own
 
 Routes: POST /v1/systemone, GET /v1/models, POST /v1/chat/completions, GET /health, GET /metrics (Prometheus),
 the playground at / and /playground, docs at /docs (Swagger UI from local files). Every request is observed once
@@ -12,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.openapi.docs import get_swagger_ui_html
@@ -24,16 +25,16 @@ from swagger_ui_bundle import swagger_ui_path
 
 from typedlm.core.answers import Response
 from typedlm.core.errors import InvalidRequest, LimitExceeded
-from typedlm.core.questions import Question, Text, parse_request
+from typedlm.core.questions import Question, parse_request
 from typedlm.server import chat, schemas
 from typedlm.server.auth import check_bearer
 from typedlm.server.body import NotJSON, parse_json, read_body
 from typedlm.server.errors import APIError, install_handlers
 from typedlm.server.metrics import RequestLog, RequestRecord, ServerMetrics
 from typedlm.server.observing import ObserveRequests
+from typedlm.server.serving import DeciderLike, InProcessModel, ServedModel
 from typedlm.server.settings import ServerSettings
 from typedlm.server.status import model_not_found
-from typedlm.server.worker import ModelWorker
 
 VERSION = "0.1.0"
 DOCS_ASSETS = "/docs-assets"  # Swagger UI's files, served from the swagger-ui-bundle package: /docs works offline
@@ -50,30 +51,18 @@ def _responses(statuses: dict[int, str], body: type = schemas.ErrorBody) -> dict
     }
 
 
-class DeciderLike(Protocol):
-    name: str
-
-    def decide(
-        self,
-        state: Text,
-        questions: Mapping[str, Question],
-        calibration: str | None = None,
-        order_reads: int | None = None,
-    ) -> Response: ...
-
-    def stats(self) -> dict[str, dict[str, int]]: ...
-
-
-def create_app(decider: DeciderLike, settings: ServerSettings | None = None) -> FastAPI:
+def create_app(model: DeciderLike | ServedModel, settings: ServerSettings | None = None) -> FastAPI:
+    """The app answering with `model`: a served model (`ModelProcess`; its owner closes it), or a decider, which
+    the app runs in this process behind a model worker of its own (`InProcessModel`) and closes at shutdown."""
     settings = settings or ServerSettings()
-    # requests waiting for the model are answered together, up to max_batch, where the decider can (see `worker`)
-    max_batch = min(settings.max_batch, getattr(decider, "max_batch", 1))
-    worker = ModelWorker(settings.max_queue, settings.retry_after_s, max_batch=max_batch)
+    owned = not isinstance(model, ServedModel)
+    served: ServedModel = InProcessModel(model, settings) if owned else model
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
         yield
-        worker.close()  # finish in-flight forward passes before exiting
+        if owned:
+            served.close()  # finish in-flight forward passes before exiting
 
     app = FastAPI(
         title="typedlm",
@@ -103,11 +92,10 @@ def create_app(decider: DeciderLike, settings: ServerSettings | None = None) -> 
             swagger_favicon_url=f"{DOCS_ASSETS}/favicon-32x32.png",
         )
 
-    describe = getattr(decider, "describe", None)
-    metrics = ServerMetrics(describe() if describe else {"model": decider.name}, lambda: worker.pending, decider.stats)
-    worker.on_timing, worker.on_batch = metrics.timing, metrics.batch
+    metrics = ServerMetrics(served.describe(), lambda: served.pending, served.stats)
+    served.on_timing, served.on_batch = metrics.timing, metrics.batch
     request_log = RequestLog(json_lines=settings.log_format == "json")
-    app.state.worker = worker
+    app.state.model = served
     app.state.settings = settings
     app.state.metrics = metrics
     install_handlers(app)
@@ -129,23 +117,8 @@ def create_app(decider: DeciderLike, settings: ServerSettings | None = None) -> 
         check_bearer(request, settings.api_keys)
 
     def check_model(model: str | None) -> None:
-        if model is not None and model != decider.name and model not in settings.aliases:
-            raise model_not_found(model, [decider.name, *settings.aliases])
-
-    async def answer(
-        state: Text, questions: Mapping[str, Question], calibration: str | None = None, order_reads: int | None = None
-    ) -> Response:
-        prepare = getattr(decider, "prepare_request", None)
-        if prepare is None:  # a decider that cannot answer several requests in one forward: one call each
-            return await worker.submit(
-                decider.decide, state, questions, calibration, order_reads, timeout_s=settings.request_timeout_s
-            )
-        return await worker.submit_batch(
-            lambda: prepare(state, questions, calibration, order_reads),
-            decider.launch_prepared,
-            lambda prepared: prepared.tokens,
-            timeout_s=settings.request_timeout_s,
-        )
+        if model is not None and model != served.name and model not in settings.aliases:
+            raise model_not_found(model, [served.name, *settings.aliases])
 
     json_body = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/SystemOneRequest"}}}}
 
@@ -172,7 +145,7 @@ def create_app(decider: DeciderLike, settings: ServerSettings | None = None) -> 
         body = parse_json(await read_body(request, settings.max_body_bytes))
         parsed = parse_request(body)
         check_model(parsed.model)
-        response = await answer(parsed.state, parsed.questions, parsed.calibration, parsed.order_reads)
+        response = await served.answer(parsed.state, parsed.questions, parsed.calibration, parsed.order_reads)
         note(request, response, parsed.questions)
         return JSONResponse(response.to_wire())
 
@@ -184,18 +157,25 @@ def create_app(decider: DeciderLike, settings: ServerSettings | None = None) -> 
         responses=_responses({401: "auth on and the key missing or wrong"}),
     )
     async def models() -> dict[str, Any]:
-        served = {"name": decider.name, "description": f"{decider.name}, served by typedlm {VERSION}"}
-        aliases = [{"name": alias, "description": f"Alias of {decider.name}"} for alias in settings.aliases]
-        return {"models": [{**m, "release_date": settings.release_date} for m in [served, *aliases]]}
+        own = {"name": served.name, "description": f"{served.name}, served by typedlm {VERSION}"}
+        aliases = [{"name": alias, "description": f"Alias of {served.name}"} for alias in settings.aliases]
+        return {"models": [{**m, "release_date": settings.release_date} for m in [own, *aliases]]}
 
-    @app.get("/health", summary="Liveness, queue depth and cache counters")
-    async def health() -> dict[str, Any]:
+    @app.get(
+        "/health",
+        summary="Liveness, queue depth and cache counters",
+        responses={503: {"description": "the model process is gone (the server must be restarted)"}},
+    )
+    async def health() -> Any:
+        failure = getattr(served, "failure", None)
+        if failure is not None:
+            return JSONResponse({"status": "error", "model": served.name, "message": failure}, 503)
         return {
             "status": "ok",
-            "model": decider.name,
-            "pending": worker.pending,
-            "max_queue": worker.max_pending,
-            **decider.stats(),
+            "model": served.name,
+            "pending": served.pending,
+            "max_queue": served.max_pending,
+            **served.stats(),
         }
 
     @app.get("/metrics", summary="Prometheus metrics", response_class=PlainTextResponse)
@@ -231,7 +211,7 @@ def create_app(decider: DeciderLike, settings: ServerSettings | None = None) -> 
             body = parse_json(await read_body(request, settings.max_body_bytes))
             model, state, questions = chat.parse_chat(body)
             check_model(model)
-            response = await answer(state, questions)
+            response = await served.answer(state, questions, None, None)
             note(request, response, questions)
         except LimitExceeded as exc:
             return chat.openai_error(413, str(exc))

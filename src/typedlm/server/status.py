@@ -20,6 +20,19 @@ class APIError(Exception):
         self.message = message
         self.headers = headers
 
+    def __reduce__(self):  # pickled whole (an answer from the model's own process)
+        return type(self), (self.status, self.error_type, self.message, self.headers)
+
+
+def overloaded(pending: int, retry_after_s: int) -> APIError:
+    """The 503 of a request that finds `pending` requests already running or waiting: retry after a while."""
+    return APIError(
+        503,
+        "overloaded",
+        f"the model is busy with {pending} requests; retry after {retry_after_s} s",
+        headers={"Retry-After": str(retry_after_s)},
+    )
+
 
 def model_not_found(model: str, served: Sequence[str]) -> APIError:
     """The 404 of a request whose `model` is none of the names served."""

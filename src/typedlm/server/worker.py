@@ -43,7 +43,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from typedlm.server.status import APIError
+from typedlm.server.status import APIError, overloaded
 
 logger = logging.getLogger(__name__)
 
@@ -111,21 +111,22 @@ class ModelWorker:
 
     def _admit(self) -> None:
         if self.pending >= self.max_pending:
-            raise APIError(
-                503,
-                "overloaded",
-                f"the model is busy with {self.pending} requests; retry after {self.retry_after_s} s",
-                headers={"Retry-After": str(self.retry_after_s)},
-            )
+            raise overloaded(self.pending, self.retry_after_s)
         self.pending += 1
 
     def _done(self, _future: asyncio.Future) -> None:
         self.pending -= 1
 
-    async def _wait(self, job: _Job, timeout_s: float) -> Any:
-        future = asyncio.wrap_future(job.future)
+    async def wait_for(self, start: Callable[[], Future], timeout_s: float) -> Any:
+        """Admit a request (503 past `max_pending`), `start()` it (`call` or `put`) and wait for its result (504 past
+        `timeout_s`; the request then runs on in the background and still counts as pending until it is done)."""
+        self._admit()
+        try:
+            future = asyncio.wrap_future(start())
+        except BaseException:
+            self.pending -= 1
+            raise
         future.add_done_callback(self._done)
-        self._queue.put(job)
         try:
             return await asyncio.wait_for(asyncio.shield(future), timeout_s)
         except TimeoutError as exc:
@@ -133,8 +134,7 @@ class ModelWorker:
 
     async def submit(self, fn: Callable[..., T], *args, timeout_s: float) -> T:
         """`fn(*args)` alone on the model thread."""
-        self._admit()
-        return await self._wait(_Job(Future(), time.perf_counter(), call=lambda: fn(*args)), timeout_s)
+        return await self.wait_for(lambda: self.call(fn, *args), timeout_s)
 
     async def submit_batch(
         self,
@@ -144,24 +144,41 @@ class ModelWorker:
         *,
         timeout_s: float,
     ) -> T:
-        """`prepare()` on the host thread (its errors are the request's own), then the prepared item answered by
-        `launch_batch` on the model thread, together with the items of other requests waiting then for the same
-        `launch_batch`; `tokens(item)` is what the item adds to a forward. `launch_batch(items)` queues the
-        items' work and returns the function that waits for it and gives their results in order (one that
-        works synchronously returns `lambda: results`; `Decider.launch_prepared` returns once its forward is
-        queued on the device)."""
-        self._admit()
-        started = time.perf_counter()
-        try:
-            prepared = asyncio.get_running_loop().run_in_executor(self._host, prepare)
-            item = await asyncio.wait_for(prepared, timeout_s)
-        except BaseException as exc:
-            self.pending -= 1
-            if isinstance(exc, TimeoutError):
-                raise APIError(504, "timeout", f"the request took longer than {timeout_s:g} s") from exc
-            raise
-        job = _Job(Future(), time.perf_counter(), launch_batch=launch_batch, item=item, tokens=tokens(item))
-        return await self._wait(job, max(timeout_s - (time.perf_counter() - started), 0.001))
+        """`put` a request on the event loop: admitted, and waited for with a timeout (`wait_for`)."""
+        return await self.wait_for(lambda: self.put(prepare, launch_batch, tokens), timeout_s)
+
+    def call(self, fn: Callable[..., T], *args) -> Future:
+        """`fn(*args)` queued to run alone on the model thread, from any thread; no admission, no timeout."""
+        job = _Job(Future(), time.perf_counter(), call=lambda: fn(*args))
+        self._queue.put(job)
+        return job.future
+
+    def put(
+        self,
+        prepare: Callable[[], P],
+        launch_batch: Callable[[list[P]], Callable[[], list[T]]],
+        tokens: Callable[[P], int],
+    ) -> Future:
+        """From any thread, with no event loop, admission or timeout (the caller's): `prepare()` on a host thread
+        (its errors are the request's own), then the prepared item answered by `launch_batch` on the model thread,
+        together with the items of other requests waiting then for the same `launch_batch`; `tokens(item)` is what
+        the item adds to a forward. `launch_batch(items)` queues the items' work and returns the function that
+        waits for it and gives their results in order (one that works synchronously returns `lambda: results`;
+        `Decider.launch_prepared` returns once its forward is queued on the device). The future returned has the
+        request's result or error."""
+        result: Future = Future()
+
+        def queue_prepared(prepared: Future) -> None:  # on the host thread that prepared it
+            try:
+                item = prepared.result()
+                job = _Job(result, time.perf_counter(), launch_batch=launch_batch, item=item, tokens=tokens(item))
+            except BaseException as exc:
+                result.set_exception(exc)
+            else:
+                self._queue.put(job)
+
+        self._host.submit(prepare).add_done_callback(queue_prepared)
+        return result
 
     def _loop(self) -> None:
         """The model thread: gather a batch, launch it, hand it to the finishing thread; at most

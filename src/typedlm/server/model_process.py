@@ -1,0 +1,267 @@
+"""The model in a process of its own, so that the HTTP server's work and the model's run on two interpreter locks.
+
+    model = ModelProcess(functools.partial(load, options), settings)   # returns once the model is loaded
+    app = create_app(model, settings)
+    ...                                                                # serve the app
+    model.close()                                                      # the forwards in flight finished first
+
+In one process the event loop (HTTP, JSON, validation, the response: about 1.7 ms of CPU per request) and the
+model's threads (tokenizing, packing, launching forwards, building answers) take turns on one interpreter lock; under
+load the GPU then waits for the lock (benchmarks/README.md). Here the server's process only parses, validates and
+answers HTTP; the model process (`run_model_process`) runs an `InProcessModel`, its worker, batching and pipeline
+as they are in one process.
+
+Messages, pickled over one pipe:
+
+    to the model     ("ask", id, state, questions, calibration, order_reads), ("close",)
+    from the model   once after loading: ("ready", name, description, max_batch, stats) or ("failed", error);
+                     ("answer", id, response) or ("error", id, error) per request; ("timing", wait_s, run_s) per
+                     request and ("batch", requests, tokens, stats) per forward, for the metrics; ("closed",) last
+
+`load` (no arguments → a decider) is pickled into the new process: a module-level function or a `functools.partial`
+of one. The process is spawned, not forked (the server's threads and sockets stay behind). Admission (503 past
+`max_queue`) and the timeout (504) are this side's, as with the model in process; a request that timed out counts
+as pending until the model is done with it. If the model process dies, the requests waiting and every later one get
+a 503 ("model_unavailable"), `failure` says why, and `on_exit` is called (`typedlm serve` then shuts down, so that a
+supervisor restarts it). A dead server leaves the model process its pipe's end: it finishes and exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import itertools
+import logging
+import multiprocessing
+import pickle
+import signal
+import threading
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from typing import Any
+
+from typedlm.core.answers import Response
+from typedlm.core.errors import ModelError
+from typedlm.core.questions import Question, Text
+from typedlm.server.serving import DeciderLike, InProcessModel, Stats
+from typedlm.server.settings import ServerSettings
+from typedlm.server.status import APIError, error_status, overloaded
+
+logger = logging.getLogger(__name__)
+
+CLOSE_TIMEOUT_S = 120.0  # the model process's time to finish its forwards and exit on `close`, else it is killed
+
+
+class ModelProcess:
+    """The `ServedModel` whose decider is loaded by `load()` in a process of its own (see the module)."""
+
+    def __init__(
+        self,
+        load: Callable[[], DeciderLike],
+        settings: ServerSettings,
+        on_exit: Callable[[], None] | None = None,
+    ):
+        context = multiprocessing.get_context("spawn")
+        self._conn, theirs = context.Pipe()
+        self._process = context.Process(
+            target=run_model_process, args=(load, settings, theirs), name="typedlm-model", daemon=False
+        )
+        self._process.start()
+        theirs.close()
+        try:
+            ready = self._conn.recv()
+        except EOFError:
+            self._process.join()
+            raise ModelError(f"the model process exited while loading (exit code {self._process.exitcode})") from None
+        except BaseException:  # Ctrl-C while loading
+            self._process.kill()
+            self._process.join()
+            raise
+        if ready[0] == "failed":
+            self._process.join()
+            raise ready[1]
+        _, self.name, self._description, self.max_batch, self._stats = ready
+        self.max_pending, self.retry_after_s = settings.max_queue, settings.retry_after_s
+        self.timeout_s = settings.request_timeout_s
+        self.on_timing: Callable[[float, float], None] | None = None
+        self.on_batch: Callable[[int, int], None] | None = None
+        self.on_exit = on_exit
+        self.failure: str | None = None  # why the model process is gone, once it is
+        self.pending = 0
+        self._waiting: dict[int, asyncio.Future] = {}
+        self._ids = itertools.count()
+        self._lock = threading.Lock()  # the pipe's sending end, `pending` and `_waiting`
+        self._closing = False
+        self._reader = threading.Thread(target=self._read, name="typedlm-model-replies", daemon=True)
+        self._reader.start()
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid
+
+    def describe(self) -> dict[str, str]:
+        return self._description
+
+    def stats(self) -> Stats:
+        """The model's counters as of its last forward."""
+        return self._stats
+
+    async def answer(
+        self, state: Text, questions: Mapping[str, Question], calibration: str | None, order_reads: int | None
+    ) -> Response:
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        future.add_done_callback(_retrieved)
+        with self._lock:
+            if self.failure is not None:
+                raise APIError(503, "model_unavailable", self.failure)
+            if self.pending >= self.max_pending:
+                raise overloaded(self.pending, self.retry_after_s)
+            request_id = next(self._ids)
+            self._waiting[request_id] = future
+            self.pending += 1
+            # the model process gone: its reader thread answers every request waiting
+            with contextlib.suppress(OSError, ValueError):
+                self._conn.send(("ask", request_id, state, questions, calibration, order_reads))
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), self.timeout_s)
+        except TimeoutError as exc:
+            raise APIError(504, "timeout", f"the request took longer than {self.timeout_s:g} s") from exc
+
+    def _read(self) -> None:
+        """The reader thread: every message from the model process, until it closes or dies."""
+        while True:
+            try:
+                message = self._conn.recv()
+            except (EOFError, OSError):
+                if not self._closing:
+                    self._exited()
+                return
+            kind = message[0]
+            if kind in ("answer", "error"):
+                self._settle(message[1], kind == "answer", message[2])
+            elif kind == "timing":
+                if self.on_timing is not None:
+                    self.on_timing(message[1], message[2])
+            elif kind == "batch":
+                self._stats = message[3]
+                if self.on_batch is not None:
+                    self.on_batch(message[1], message[2])
+            elif kind == "closed":
+                return
+
+    def _settle(self, request_id: int, ok: bool, outcome: Any) -> None:
+        with self._lock:
+            future = self._waiting.pop(request_id)
+            self.pending -= 1
+        _resolve_soon(future, ok, outcome)
+
+    def _exited(self) -> None:
+        self._process.join(timeout=5)
+        failure = f"the model process exited (exit code {self._process.exitcode}); the server must be restarted"
+        logger.error("typedlm: %s", failure)
+        with self._lock:
+            self.failure = failure
+            waiting, self._waiting, self.pending = list(self._waiting.values()), {}, 0
+        for future in waiting:
+            future.get_loop().call_soon_threadsafe(_resolve, future, False, APIError(503, "model_unavailable", failure))
+        if self.on_exit is not None:
+            self.on_exit()
+
+    def close(self) -> None:
+        """Let the model process answer what it was asked, close its worker and exit (killed after
+        CLOSE_TIMEOUT_S)."""
+        if self._closing:
+            return
+        with self._lock:
+            self._closing = True
+            if self.failure is None:
+                with contextlib.suppress(OSError, ValueError):
+                    self._conn.send(("close",))
+        self._reader.join(timeout=CLOSE_TIMEOUT_S)
+        self._process.join(timeout=CLOSE_TIMEOUT_S)
+        if self._process.is_alive():
+            logger.error("typedlm: the model process did not exit in %g s; killed", CLOSE_TIMEOUT_S)
+            self._process.kill()
+            self._process.join()
+        self._conn.close()
+
+
+def _resolve_soon(future: asyncio.Future, ok: bool, outcome: Any) -> None:
+    """Settle `future` on its event loop (from the reader thread); a loop closed meanwhile has nobody waiting."""
+    with contextlib.suppress(RuntimeError):
+        future.get_loop().call_soon_threadsafe(_resolve, future, ok, outcome)
+
+
+def _resolve(future: asyncio.Future, ok: bool, outcome: Any) -> None:
+    if future.done():
+        return
+    if ok:
+        future.set_result(outcome)
+    else:
+        future.set_exception(outcome)
+
+
+def _retrieved(future: asyncio.Future) -> None:
+    """Mark an error as seen: one whose request already timed out would be logged as never retrieved."""
+    if not future.cancelled():
+        future.exception()
+
+
+def portable(exc: BaseException) -> BaseException:
+    """`exc` if it survives pickling (typedlm's errors and APIError do, with their fields), else a RuntimeError that
+    names it (the server answers either as it would the original: a 500 for anything not the request's fault)."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+    except Exception:
+        return RuntimeError(f"{type(exc).__name__}: {exc}")
+    return exc
+
+
+def run_model_process(load: Callable[[], DeciderLike], settings: ServerSettings, conn) -> None:
+    """The model process's main: load the decider, say so, answer requests until told to close (or until the
+    server's end of the pipe is gone), then finish what was asked and exit. No event loop: this thread reads the
+    pipe and queues each request on the worker (`InProcessModel.start`); the thread that settles a request (the
+    worker's finishing thread, or a host thread when preparing fails) sends its reply."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group; the server closes us
+    try:
+        model = InProcessModel(load(), settings)
+    except BaseException as exc:
+        conn.send(("failed", portable(exc)))
+        return
+    lock = threading.Lock()  # replies and metrics come from several threads
+
+    def send(message: tuple) -> None:
+        with lock, contextlib.suppress(OSError, ValueError):  # the server gone: finish what was asked, then exit
+            conn.send(message)
+
+    def reply(request_id: int, done: Future) -> None:
+        error = done.exception()
+        if error is None:
+            send(("answer", request_id, done.result()))
+            return
+        if error_status(error)[0] >= 500:
+            logger.error("typedlm: answering a request failed", exc_info=error)  # a 500: its traceback here
+        send(("error", request_id, portable(error)))
+
+    model.on_timing = lambda wait_s, run_s: send(("timing", wait_s, run_s))
+    model.on_batch = lambda requests, tokens: send(("batch", requests, tokens, model.stats()))
+    send(("ready", model.name, model.describe(), model.max_batch, model.stats()))
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            break
+        if message[0] != "ask":
+            break
+        _, request_id, *request = message
+        try:
+            started = model.start(*request)
+        except BaseException as exc:  # the worker refused it (closing): the request's error
+            send(("error", request_id, portable(exc)))
+            continue
+        started.add_done_callback(functools.partial(reply, request_id))
+    model.close()  # every request asked is answered before it returns
+    send(("closed",))
+    conn.close()

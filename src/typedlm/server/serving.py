@@ -1,0 +1,125 @@
+"""What the app answers with: a `ServedModel`, the model behind the routes, in this process or in one of its own.
+
+    InProcessModel(decider, settings)     # the decider here, behind the model worker (`worker.ModelWorker`)
+    ModelProcess(load, settings)          # the same in a process of its own (`model_process`; `typedlm serve`)
+
+Either way the app sees the same surface: the model's name and description, the requests it may batch, the
+requests pending, its counters, `answer` (a request's state and questions → its `Response`, or the error it
+raised) and `close`. The app sets `on_timing` and `on_batch` to its metrics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from typing import Protocol, runtime_checkable
+
+from typedlm.core.answers import Response
+from typedlm.core.questions import Question, Text
+from typedlm.server.settings import ServerSettings
+from typedlm.server.worker import ModelWorker
+
+Stats = dict[str, dict[str, int]]
+
+
+class DeciderLike(Protocol):
+    """What the server needs of a decider (`typedlm.Decider` has it): one that also has `prepare_request`,
+    `launch_prepared` and `max_batch` answers several requests in one forward."""
+
+    name: str
+
+    def decide(
+        self,
+        state: Text,
+        questions: Mapping[str, Question],
+        calibration: str | None = None,
+        order_reads: int | None = None,
+    ) -> Response: ...
+
+    def stats(self) -> Stats: ...
+
+
+@runtime_checkable
+class ServedModel(Protocol):
+    name: str
+    max_batch: int  # requests one forward may answer (within --max-batch, what the decider can)
+    max_pending: int  # requests running or waiting; more get 503
+    on_timing: Callable[[float, float], None] | None  # (seconds waiting for the model thread, seconds of its forward)
+    on_batch: Callable[[int, int], None] | None  # (requests, tokens) per forward
+
+    @property
+    def pending(self) -> int: ...
+
+    def describe(self) -> dict[str, str]: ...
+
+    def stats(self) -> Stats: ...
+
+    async def answer(
+        self, state: Text, questions: Mapping[str, Question], calibration: str | None, order_reads: int | None
+    ) -> Response: ...
+
+    def close(self) -> None: ...
+
+
+class InProcessModel:
+    """A decider in this process behind a model worker: requests prepared on host threads, answered on the model
+    thread, several in one forward where the decider can (`worker`)."""
+
+    def __init__(self, decider: DeciderLike, settings: ServerSettings):
+        self.decider, self.name = decider, decider.name
+        self.timeout_s = settings.request_timeout_s
+        max_batch = min(settings.max_batch, getattr(decider, "max_batch", 1))
+        self.worker = ModelWorker(settings.max_queue, settings.retry_after_s, max_batch=max_batch)
+        self.max_batch, self.max_pending = self.worker.max_batch, self.worker.max_pending
+
+    @property
+    def pending(self) -> int:
+        return self.worker.pending
+
+    @property
+    def on_timing(self) -> Callable[[float, float], None] | None:
+        return self.worker.on_timing
+
+    @on_timing.setter
+    def on_timing(self, callback: Callable[[float, float], None] | None) -> None:
+        self.worker.on_timing = callback
+
+    @property
+    def on_batch(self) -> Callable[[int, int], None] | None:
+        return self.worker.on_batch
+
+    @on_batch.setter
+    def on_batch(self, callback: Callable[[int, int], None] | None) -> None:
+        self.worker.on_batch = callback
+
+    def describe(self) -> dict[str, str]:
+        describe = getattr(self.decider, "describe", None)
+        return describe() if describe is not None else {"model": self.name}
+
+    def stats(self) -> Stats:
+        return self.decider.stats()
+
+    async def answer(
+        self, state: Text, questions: Mapping[str, Question], calibration: str | None, order_reads: int | None
+    ) -> Response:
+        return await self.worker.wait_for(
+            lambda: self.start(state, questions, calibration, order_reads), self.timeout_s
+        )
+
+    def start(
+        self, state: Text, questions: Mapping[str, Question], calibration: str | None, order_reads: int | None
+    ) -> Future:
+        """The request queued from any thread, with no admission or timeout (the caller's): a future of its
+        `Response`. Prepared on a host thread and batched where the decider can, else one call each."""
+        prepare = getattr(self.decider, "prepare_request", None)
+        if prepare is None:  # a decider that cannot answer several requests in one forward
+            return self.worker.call(self.decider.decide, state, questions, calibration, order_reads)
+        return self.worker.put(
+            lambda: prepare(state, questions, calibration, order_reads),
+            self.decider.launch_prepared,
+            lambda prepared: prepared.tokens,
+        )
+
+    def close(self) -> None:
+        """Finish the forwards in flight."""
+        self.worker.close()
