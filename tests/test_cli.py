@@ -127,28 +127,38 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_serve_with_env_and_flag_keys_finishes_in_flight_requests_on_sigterm(embedded_dir):
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "TYPEDLM_API_KEYS": "env-key, other-key"}
+def _serving(port: int, *options: str, env: dict | None = None) -> subprocess.Popen:
+    """`typedlm serve` on `port` in a subprocess, once its /health answers (killed if it never does)."""
     server = subprocess.Popen(
-        [sys.executable, "-m", "typedlm.cli", "serve", "--port", str(port), "--api-key", "flag-key"],
+        [sys.executable, "-m", "typedlm.cli", "serve", "--port", str(port), *options],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
+    deadline = time.monotonic() + 300
     try:
-        deadline = time.monotonic() + 300
         while True:
             assert server.poll() is None, server.stderr.read()
             try:
-                if httpx.get(url + "/health").status_code == 200:
-                    break
+                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                    return server
             except httpx.TransportError:
                 pass
             assert time.monotonic() < deadline, "the server did not start"
             time.sleep(0.2)
+    except BaseException:
+        server.kill()
+        server.wait()
+        raise
+
+
+def test_serve_with_env_and_flag_keys_finishes_in_flight_requests_on_sigterm(embedded_dir):
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "TYPEDLM_API_KEYS": "env-key, other-key"}
+    server = _serving(port, "--api-key", "flag-key", env=env)
+    try:
         slow = {**REQUEST, "state": "A long complaint about a parcel. " * 300}
         for key in ("flag-key", "env-key", "other-key"):
             assert httpx.get(url + "/v1/models", headers={"authorization": f"Bearer {key}"}).status_code == 200
@@ -189,23 +199,8 @@ def _model_process_of(server_pid: int) -> int:
 def test_serve_stops_with_exit_3_when_its_model_process_dies(embedded_dir):
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen(
-        [sys.executable, "-m", "typedlm.cli", "serve", "--port", str(port)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    server = _serving(port)
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            assert server.poll() is None, server.stderr.read()
-            try:
-                if httpx.get(url + "/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "the server did not start"
-            time.sleep(0.2)
         assert httpx.post(url + "/v1/systemone", json=REQUEST, timeout=120).status_code == 200
         os.kill(_model_process_of(server.pid), signal.SIGKILL)
         assert server.wait(timeout=120) == 3

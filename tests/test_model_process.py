@@ -67,8 +67,10 @@ def _leaves(value, path=()):
         yield path, value
 
 
-def assert_same_answers(got: dict, want: dict, tolerance: float = 1e-6) -> None:
-    """Every field equal, floats within `tolerance`; cached tokens aside (each process has its own prefix cache)."""
+def assert_same_answers(got: dict, want: dict, tolerance: float = 1e-5) -> None:
+    """Every field equal, floats within `tolerance`; cached tokens aside. Each process has its own prefix cache, so
+    the two forwards may split a prompt at another token (46 and 50 cached tokens) and sum float32 in another order:
+    1.2e-6 measured, within the 1e-5 the batch job's actors are held to."""
     got_leaves, want_leaves = dict(_leaves(got)), dict(_leaves(want))
     for leaves in (got_leaves, want_leaves):
         leaves.pop(("usage", "x_cached_tokens"))
@@ -90,7 +92,6 @@ def embedded_process():
 def test_answers_are_the_deciders_own_in_process_and_over_http(embedded_process, real_decider):
     parsed = parse_request(BODY)
     expected = real_decider.decide(parsed.state, parsed.questions).to_wire()
-    # the same computation in another process (its own torch threads: float32 sums may differ in the last bits)
     assert_same_answers(ask(embedded_process).to_wire(), expected)
     timings, batches = [], []
     settings = ServerSettings()
@@ -232,3 +233,6 @@ def test_close_answers_the_requests_in_flight_then_the_process_exits():
     asker.join(timeout=10)
     assert len(results) == 3 and all(set(r.answers) == set(BODY["questions"]) for r in results)
     assert model._process.exitcode == 0
+    with pytest.raises(APIError) as closed:  # after close: refused at once, not left to time out
+        asyncio.run(model.answer(*_args()))
+    assert (closed.value.status, closed.value.message) == (503, "the server is shutting down")

@@ -1,7 +1,8 @@
 """The HTTP server: Jev's /v1/systemone, /v1/models and an OpenAI-style /v1/chat/completions.
 
 It only translates: wire bodies ↔ plain data (`typedlm.core.questions`, `typedlm.core.answers`), errors → status
-codes (in `errors`). It never imports torch: the model arrives as a `Decider`-like object.
+codes (in `errors`). It never imports torch: the model arrives as a `Decider`-like object, run in this process
+(`serving.InProcessModel`) or in a process of its own (`model_process.ModelProcess`, what `typedlm serve` runs).
 """
 
 from typedlm.server.settings import ServerSettings

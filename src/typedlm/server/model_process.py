@@ -29,6 +29,7 @@ supervisor restarts it). A dead server leaves the model process its pipe's end: 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import functools
 import itertools
@@ -91,8 +92,10 @@ class ModelProcess:
         self.pending = 0
         self._waiting: dict[int, asyncio.Future] = {}
         self._ids = itertools.count()
-        self._lock = threading.Lock()  # the pipe's sending end, `pending` and `_waiting`
+        self._lock = threading.Lock()  # `pending`, `_waiting` and `failure`
+        self._sending = threading.Lock()  # the pipe's sending end (never held by the reader thread: it always reads)
         self._closing = False
+        atexit.register(self.close)  # a process left running would keep the interpreter from exiting
         self._reader = threading.Thread(target=self._read, name="typedlm-model-replies", daemon=True)
         self._reader.start()
 
@@ -116,14 +119,16 @@ class ModelProcess:
         with self._lock:
             if self.failure is not None:
                 raise APIError(503, "model_unavailable", self.failure)
+            if self._closing:
+                raise APIError(503, "model_unavailable", "the server is shutting down")
             if self.pending >= self.max_pending:
                 raise overloaded(self.pending, self.retry_after_s)
             request_id = next(self._ids)
             self._waiting[request_id] = future
             self.pending += 1
-            # the model process gone: its reader thread answers every request waiting
-            with contextlib.suppress(OSError, ValueError):
-                self._conn.send(("ask", request_id, state, questions, calibration, order_reads))
+        # the model process gone: its reader thread answers every request waiting
+        with self._sending, contextlib.suppress(OSError, ValueError):
+            self._conn.send(("ask", request_id, state, questions, calibration, order_reads))
         try:
             return await asyncio.wait_for(asyncio.shield(future), self.timeout_s)
         except TimeoutError as exc:
@@ -174,11 +179,13 @@ class ModelProcess:
         CLOSE_TIMEOUT_S)."""
         if self._closing:
             return
+        atexit.unregister(self.close)
         with self._lock:
             self._closing = True
-            if self.failure is None:
-                with contextlib.suppress(OSError, ValueError):
-                    self._conn.send(("close",))
+            failed = self.failure is not None
+        if not failed:
+            with self._sending, contextlib.suppress(OSError, ValueError):
+                self._conn.send(("close",))
         self._reader.join(timeout=CLOSE_TIMEOUT_S)
         self._process.join(timeout=CLOSE_TIMEOUT_S)
         if self._process.is_alive():
