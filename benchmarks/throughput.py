@@ -2,7 +2,7 @@
 
 Workloads: a long document (P ≈ 1266 tokens) with Q = 1, 4, 32 yes/no questions, and a short one (P ≈ 200, Q = 4).
 For each, C = 1, 8, 32, 128 clients send requests back to back (every request a document never seen before; the
-prefix cache is off), through one of two paths:
+prefix cache is off), through one of four paths:
 
   in_process   the server's own model worker (`server.worker.ModelWorker`), no HTTP: prepare on the host thread,
                waiting requests answered together by one forward (batching on) or one forward each (off, and
@@ -12,7 +12,15 @@ prefix cache is off), through one of two paths:
   http         the real server (uvicorn, `create_app`) on a loopback port, in a thread of this process; the
                clients over HTTP (httpx) in --client-processes processes of their own (`http_clients.py`), so
                that their Python does not share the server's interpreter lock; batching off is the server with
-               `--max-batch 1` (its own forwards in flight as ever)
+               `--max-batch 1` (its own forwards in flight as ever); the model in the server's process
+               (`typedlm serve --no-model-process`)
+  model_process
+               the model in a process of its own (`ModelProcess`, as `typedlm serve` runs it), the requests handed
+               to it as the server does, no HTTP: what the process boundary costs
+  http_model_process
+               the same as http with the model in a process of its own (`ModelProcess`, as `typedlm serve` runs it):
+               the HTTP work and the model's threads on two interpreter locks; no GPU-busy columns (the forwards
+               run in the other process)
 
 Per cell: documents/s, questions/s, p50 / p99 latency, mean requests per forward, the share of the matrix-rate
 limit reached (2 · non-embedding parameters · tokens per second, against --peak-tflops; on CUDA the H200's dense
@@ -34,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import itertools
 import json
 import statistics
@@ -47,6 +56,7 @@ import torch
 from typedlm.core.options import EngineOptions
 from typedlm.core.questions import parse_request
 from typedlm.decide.decider import Decider
+from typedlm.server.model_process import ModelProcess
 from typedlm.server.settings import ServerSettings
 from typedlm.server.worker import GATHER_GAP_S, HOST_THREADS, PIPELINE_DEPTH, ModelWorker
 
@@ -55,6 +65,8 @@ from latency import add_model_arguments, load_benchmark_model, make_questions, m
 
 RESULTS = Path(__file__).parent / "results"
 CLIENT_PROCESSES = 4  # the HTTP rows' client processes (at most one per client)
+PATHS = ("in_process", "model_process", "http", "http_model_process")
+KERNEL = {"auto": None, "kernel": True, "torch": False}  # --attention → EngineOptions.attention_kernel
 WORKLOADS = {"long": (1266, (1, 4, 32)), "short": (200, (4,))}  # name → (prefix tokens, question counts)
 
 
@@ -193,8 +205,37 @@ def in_process(
     return {**summary, "gpu_busy": gpu_busy, "gpu_ms_per_doc": gpu_ms_per_doc, "graphs": graphs}
 
 
+def through_model_process(
+    model: ModelProcess, documents: Documents, questions: dict, clients: int, per_client: int, warmup: int = 2
+) -> dict:
+    """The clients' requests handed to a model process as the server hands them (`ModelProcess.answer`), no HTTP:
+    what the process boundary costs, against `in_process`."""
+    batches: list[int] = []
+    tokens = [0]
+
+    def on_batch(requests: int, batch_tokens: int) -> None:
+        batches.append(requests)
+        tokens[0] += batch_tokens
+
+    async def ask():
+        return await model.answer(documents.next(), questions, None, None)
+
+    async def run() -> tuple[list[float], float]:
+        await _clients(clients, warmup, ask)
+        batches.clear()
+        tokens[0] = 0
+        return await _clients(clients, per_client, ask)
+
+    model.on_batch = on_batch
+    latencies, seconds = asyncio.run(run())
+    model.on_batch = None
+    summary = summarise(latencies, seconds, len(questions), batches, tokens[0])
+    return {**summary, "gpu_busy": None, "gpu_ms_per_doc": None}
+
+
 def over_http(
     decider: Decider,
+    model,
     documents: Documents,
     wire: dict,
     clients: int,
@@ -203,18 +244,18 @@ def over_http(
     warmup: int = 2,
     processes: int = CLIENT_PROCESSES,
 ) -> dict:
-    """The real server (uvicorn, `create_app`) in a thread of this process, on a loopback port; the clients in
-    `processes` processes of their own (`http_clients.py`), so that they do not share the server's interpreter
-    lock. Batching off is the server run with `--max-batch 1`."""
+    """The real server (uvicorn, `create_app`) in a thread of this process, on a loopback port, answering with
+    `decider` here or, given one, with `model` (a `ModelProcess` of the same decider); the clients in `processes`
+    processes of their own (`http_clients.py`), so that they do not share the server's interpreter lock. Batching
+    off is the server run with `--max-batch 1`."""
     from http_clients import ClientProcesses, served
 
     from typedlm.server import create_app
 
-    max_batch = decider.max_batch if batching else 1
-    app = create_app(decider, ServerSettings(max_queue=10_000, request_timeout_s=600, max_batch=max_batch))
+    app = create_app(model or decider, server_settings(decider, batching))
     batches: list[int] = []
     tokens = [0]
-    worker = app.state.worker
+    worker = app.state.model
     observed = worker.on_batch
 
     def on_batch(requests: int, batch_tokens: int) -> None:
@@ -223,7 +264,7 @@ def over_http(
         tokens[0] += batch_tokens
 
     worker.on_batch = on_batch
-    runner = getattr(decider.engine.forward, "runner", None)
+    runner = getattr(decider.engine.forward, "runner", None) if model is None else None  # not seen in another process
     monitor = GpuBusy(runner) if runner is not None and runner.device.type == "cuda" else None
     shares = [clients // processes + (i < clients % processes) for i in range(min(processes, clients))]
     with served(app) as (url, _):
@@ -252,6 +293,17 @@ def over_http(
     summary = summarise(latencies, max(result["end"] for result in results) - started, len(wire), batches, tokens[0])
     gpu_busy, gpu_ms_per_doc = gpu or (None, None)
     return {**summary, "gpu_busy": gpu_busy, "gpu_ms_per_doc": gpu_ms_per_doc, "client_processes": len(shares)}
+
+
+def server_settings(decider: Decider, batching: bool) -> ServerSettings:
+    return ServerSettings(max_queue=10_000, request_timeout_s=600, max_batch=decider.max_batch if batching else 1)
+
+
+def benchmark_decider(args: argparse.Namespace, attention: str) -> Decider:
+    """The decider of an `--attention` row, from the model options (what the model process loads)."""
+    loaded, _ = load_benchmark_model(args)
+    engine = EngineOptions(attention_kernel=KERNEL[attention])
+    return Decider(loaded, prefix_cache_bytes=0, calibration="raw", engine=engine)
 
 
 def plot(report: dict, path: Path) -> None:
@@ -289,6 +341,96 @@ def _series(report: dict) -> dict:
     return series
 
 
+class ModelProcesses:
+    """The model_process and http_model_process rows' models: a `ModelProcess` per attention and batching, loaded
+    once for every cell and closed when the block ends."""
+
+    def __init__(self, args: argparse.Namespace, decider: Decider):
+        self.args, self.decider, self.open = args, decider, {}
+
+    def get(self, attention: str, batching: bool) -> ModelProcess:
+        if (attention, batching) not in self.open:
+            load = functools.partial(benchmark_decider, self.args, attention)
+            self.open[attention, batching] = ModelProcess(load, server_settings(self.decider, batching))
+        return self.open[attention, batching]
+
+    def __enter__(self) -> ModelProcesses:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for model in self.open.values():
+            model.close()
+
+
+def measure(
+    args: argparse.Namespace, deciders: dict[str, Decider], params: int, peak: float | None, models: ModelProcesses
+) -> list[dict]:
+    """Every cell's row, printed as it is measured."""
+    rows = []
+    decider = next(iter(deciders.values()))
+    default_switch = sys.getswitchinterval()
+    for workload in args.workloads:
+        prefix_tokens, counts = WORKLOADS[workload]
+        documents = Documents(decider, prefix_tokens)
+        for q in counts:
+            if args.questions and q not in args.questions:
+                continue
+            questions = make_questions(q)
+            wire = {qid: {"type": "noul", "instructions": question.instructions} for qid, question in questions.items()}
+            assert parse_request({"state": "x", "questions": wire}).questions == questions
+            for path in args.paths:
+                batchings = (True,) if args.no_unbatched else (True, False)
+                threads = args.host_threads if path == "in_process" else [HOST_THREADS]
+                depths = args.pipeline if path == "in_process" else [PIPELINE_DEPTH]
+                gaps = args.gather_gap if path == "in_process" else [GATHER_GAP_S]
+                cells = [
+                    (batching, depth, gap, *cell)
+                    for batching in batchings
+                    for depth in (depths if batching or path != "in_process" else [1])
+                    for gap in (gaps if batching else [0.0])
+                    for cell in itertools.product(args.switch_interval, threads, args.clients, deciders.items())
+                ]
+                for batching, depth, gap, switch, host_threads, clients, (attention, each) in cells:
+                    sys.setswitchinterval(switch or default_switch)
+                    per_client = max(2, args.requests // clients)
+                    if path == "in_process":
+                        row = in_process(
+                            each, documents, questions, clients, per_client, batching, host_threads, depth, args.warmup,
+                            gap,
+                        )  # fmt: skip
+                    elif path == "model_process":
+                        row = through_model_process(
+                            models.get(attention, batching), documents, questions, clients, per_client, args.warmup
+                        )
+                    else:
+                        model = models.get(attention, batching) if path == "http_model_process" else None
+                        row = over_http(
+                            each, model, documents, wire, clients, per_client, batching, args.warmup,
+                            args.client_processes,
+                        )  # fmt: skip
+                    flops = 2 * params * row["tokens_per_s"]
+                    row.update(
+                        workload=workload, prefix_tokens=prefix_tokens, questions=q, path=path, attention=attention,
+                        attention_kernel=each.features.attention_kernel, batching=batching, pipeline_depth=depth,
+                        gather_gap_s=gap, switch_interval_s=sys.getswitchinterval(), host_threads=host_threads,
+                        clients=clients, matrix_rate=flops / (peak * 1e12) if peak else None,
+                    )  # fmt: skip
+                    rows.append(row)
+                    share = f"{100 * row['matrix_rate']:.1f}%" if peak else "-"
+                    gpu = f"{100 * row['gpu_busy']:.1f}%" if row.get("gpu_busy") else "-"
+                    graphs = row.get("graphs") or "-"
+                    per_doc = f"{row['gpu_ms_per_doc']:.2f}" if row.get("gpu_ms_per_doc") else "-"
+                    print(
+                        f"| {workload} | {q} | {path} | {attention} | {'on' if batching else 'off'} | {depth} | "
+                        f"{1000 * gap:g} | {1000 * sys.getswitchinterval():g} | {host_threads} | "
+                        f"{clients} | {row['docs_per_s']:.1f} | {row['questions_per_s']:.0f} | {row['p50_ms']:.1f} | "
+                        f"{row['p99_ms']:.1f} | {row['mean_batch']:.1f} | {share} | {gpu} | {per_doc} | {graphs} |",
+                        flush=True,
+                    )
+    sys.setswitchinterval(default_switch)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_arguments(parser)
@@ -296,7 +438,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=256, help="requests per cell (at least 2 per client)")
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     parser.add_argument("--questions", type=int, nargs="+", default=None, help="only these Q of each workload")
-    parser.add_argument("--paths", nargs="+", default=["in_process", "http"], choices=["in_process", "http"])
+    parser.add_argument("--paths", nargs="+", default=list(PATHS), choices=PATHS)
     parser.add_argument("--no-unbatched", action="store_true", help="skip the batching-off rows")
     parser.add_argument(
         "--host-threads",
@@ -346,18 +488,15 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="JSON path (default: results/throughput-<device>-<date>.json)")
     args = parser.parse_args()
     loaded, dtype = load_benchmark_model(args)
-    kernel_option = {"auto": None, "kernel": True, "torch": False}
     deciders = {
         attention: Decider(
-            loaded, prefix_cache_bytes=0, calibration="raw",
-            engine=EngineOptions(attention_kernel=kernel_option[attention]),
+            loaded, prefix_cache_bytes=0, calibration="raw", engine=EngineOptions(attention_kernel=KERNEL[attention])
         )
         for attention in args.attention
-    }  # fmt: skip
+    }
     decider = next(iter(deciders.values()))
     params = non_embedding_params(loaded.model)
     peak = args.peak_tflops or (790.0 if args.device.startswith("cuda") else None)
-    rows = []
     print(f"{decider.name} on {args.device} ({dtype}); {params / 1e6:.1f} M non-embedding parameters", flush=True)
     for attention, each in deciders.items():
         print(f"attention {attention}: {each.features.summary()}")
@@ -368,60 +507,8 @@ def main() -> None:
     )  # fmt: skip
     print(f"| {columns} |")
     print("|---|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    default_switch = sys.getswitchinterval()
-    for workload in args.workloads:
-        prefix_tokens, counts = WORKLOADS[workload]
-        documents = Documents(decider, prefix_tokens)
-        for q in counts:
-            if args.questions and q not in args.questions:
-                continue
-            questions = make_questions(q)
-            wire = {qid: {"type": "noul", "instructions": question.instructions} for qid, question in questions.items()}
-            assert parse_request({"state": "x", "questions": wire}).questions == questions
-            for path in args.paths:
-                batchings = (True,) if args.no_unbatched else (True, False)
-                threads = args.host_threads if path == "in_process" else [HOST_THREADS]
-                depths = args.pipeline if path == "in_process" else [PIPELINE_DEPTH]
-                gaps = args.gather_gap if path == "in_process" else [GATHER_GAP_S]
-                cells = [
-                    (batching, depth, gap, *cell)
-                    for batching in batchings
-                    for depth in (depths if batching or path == "http" else [1])
-                    for gap in (gaps if batching else [0.0])
-                    for cell in itertools.product(args.switch_interval, threads, args.clients, deciders.items())
-                ]
-                for batching, depth, gap, switch, host_threads, clients, (attention, each) in cells:
-                    sys.setswitchinterval(switch or default_switch)
-                    per_client = max(2, args.requests // clients)
-                    if path == "in_process":
-                        row = in_process(
-                            each, documents, questions, clients, per_client, batching, host_threads, depth, args.warmup,
-                            gap,
-                        )  # fmt: skip
-                    else:
-                        row = over_http(
-                            each, documents, wire, clients, per_client, batching, args.warmup, args.client_processes
-                        )
-                    flops = 2 * params * row["tokens_per_s"]
-                    row.update(
-                        workload=workload, prefix_tokens=prefix_tokens, questions=q, path=path, attention=attention,
-                        attention_kernel=each.features.attention_kernel, batching=batching, pipeline_depth=depth,
-                        gather_gap_s=gap, switch_interval_s=sys.getswitchinterval(), host_threads=host_threads,
-                        clients=clients, matrix_rate=flops / (peak * 1e12) if peak else None,
-                    )  # fmt: skip
-                    rows.append(row)
-                    share = f"{100 * row['matrix_rate']:.1f}%" if peak else "-"
-                    gpu = f"{100 * row['gpu_busy']:.1f}%" if row.get("gpu_busy") else "-"
-                    graphs = row.get("graphs") or "-"
-                    per_doc = f"{row['gpu_ms_per_doc']:.2f}" if row.get("gpu_ms_per_doc") else "-"
-                    print(
-                        f"| {workload} | {q} | {path} | {attention} | {'on' if batching else 'off'} | {depth} | "
-                        f"{1000 * gap:g} | {1000 * sys.getswitchinterval():g} | {host_threads} | "
-                        f"{clients} | {row['docs_per_s']:.1f} | {row['questions_per_s']:.0f} | {row['p50_ms']:.1f} | "
-                        f"{row['p99_ms']:.1f} | {row['mean_batch']:.1f} | {share} | {gpu} | {per_doc} | {graphs} |",
-                        flush=True,
-                    )
-    sys.setswitchinterval(default_switch)
+    with ModelProcesses(args, decider) as model_processes:
+        rows = measure(args, deciders, params, peak, model_processes)
     report = {
         "benchmark": "throughput",
         "model": decider.name,
