@@ -167,9 +167,8 @@ def create_app(model: DeciderLike | ServedModel, settings: ServerSettings | None
         responses={503: {"description": "the model process is gone (the server must be restarted)"}},
     )
     async def health() -> Any:
-        failure = getattr(served, "failure", None)
-        if failure is not None:
-            return JSONResponse({"status": "error", "model": served.name, "message": failure}, 503)
+        if served.failure is not None:
+            return JSONResponse({"status": "error", "model": served.name, "message": served.failure}, 503)
         return {
             "status": "ok",
             "model": served.name,

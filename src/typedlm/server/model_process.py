@@ -47,7 +47,7 @@ from typedlm.core.errors import ModelError
 from typedlm.core.questions import Question, Text
 from typedlm.server.serving import DeciderLike, InProcessModel, Stats
 from typedlm.server.settings import ServerSettings
-from typedlm.server.status import APIError, error_status, overloaded
+from typedlm.server.status import APIError, error_status, overloaded, timed_out
 
 logger = logging.getLogger(__name__)
 
@@ -132,7 +132,7 @@ class ModelProcess:
         try:
             return await asyncio.wait_for(asyncio.shield(future), self.timeout_s)
         except TimeoutError as exc:
-            raise APIError(504, "timeout", f"the request took longer than {self.timeout_s:g} s") from exc
+            raise timed_out(self.timeout_s) from exc
 
     def _read(self) -> None:
         """The reader thread: every message from the model process, until it closes or dies."""
@@ -170,7 +170,7 @@ class ModelProcess:
             self.failure = failure
             waiting, self._waiting, self.pending = list(self._waiting.values()), {}, 0
         for future in waiting:
-            future.get_loop().call_soon_threadsafe(_resolve, future, False, APIError(503, "model_unavailable", failure))
+            _resolve_soon(future, False, APIError(503, "model_unavailable", failure))
         if self.on_exit is not None:
             self.on_exit()
 

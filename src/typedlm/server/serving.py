@@ -46,6 +46,7 @@ class ServedModel(Protocol):
     max_pending: int  # requests running or waiting; more get 503
     on_timing: Callable[[float, float], None] | None  # (seconds waiting for the model thread, seconds of its forward)
     on_batch: Callable[[int, int], None] | None  # (requests, tokens) per forward
+    failure: str | None  # why the model cannot answer any more (its process is gone), else None
 
     @property
     def pending(self) -> int: ...
@@ -71,6 +72,7 @@ class InProcessModel:
         max_batch = min(settings.max_batch, getattr(decider, "max_batch", 1))
         self.worker = ModelWorker(settings.max_queue, settings.retry_after_s, max_batch=max_batch)
         self.max_batch, self.max_pending = self.worker.max_batch, self.worker.max_pending
+        self.failure = None  # a model in this process lives as long as the server
 
     @property
     def pending(self) -> int:

@@ -34,6 +34,11 @@ def overloaded(pending: int, retry_after_s: int) -> APIError:
     )
 
 
+def timed_out(timeout_s: float) -> APIError:
+    """The 504 of a request not answered within `timeout_s` (it may still be running)."""
+    return APIError(504, "timeout", f"the request took longer than {timeout_s:g} s")
+
+
 def model_not_found(model: str, served: Sequence[str]) -> APIError:
     """The 404 of a request whose `model` is none of the names served."""
     return APIError(404, "model_not_found", f"unknown model {model!r}; this server serves: {', '.join(served)}")

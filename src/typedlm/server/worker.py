@@ -43,7 +43,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from typedlm.server.status import APIError, overloaded
+from typedlm.server.status import overloaded, timed_out
 
 logger = logging.getLogger(__name__)
 
@@ -130,7 +130,7 @@ class ModelWorker:
         try:
             return await asyncio.wait_for(asyncio.shield(future), timeout_s)
         except TimeoutError as exc:
-            raise APIError(504, "timeout", f"the request took longer than {timeout_s:g} s") from exc
+            raise timed_out(timeout_s) from exc
 
     async def submit(self, fn: Callable[..., T], *args, timeout_s: float) -> T:
         """`fn(*args)` alone on the model thread."""
