@@ -48,6 +48,7 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from datetime import date
 from pathlib import Path
 
@@ -111,8 +112,30 @@ class GpuBusy:
             return None
         return self.busy_ms() / self.events[0][0].elapsed_time(self.events[-1][1])
 
+    def per_doc(self, forwards: Forwards) -> tuple[float, float] | None:
+        """(busy share, GPU ms per document) over the forwards counted, None if none ran."""
+        return (self.share(), self.busy_ms() / sum(forwards.batches)) if forwards.batches else None
+
     def close(self) -> None:
         self.runner.launch_documents = self.launch
+
+
+class Forwards:
+    """A worker's `on_batch`: the requests of each forward and their tokens since the last `clear`, each forward
+    passed on to `then` first (the server's metrics) where given."""
+
+    def __init__(self, then: Callable[[int, int], None] | None = None):
+        self.then, self.batches, self.tokens = then, [], 0
+
+    def __call__(self, requests: int, tokens: int) -> None:
+        if self.then is not None:
+            self.then(requests, tokens)
+        self.batches.append(requests)
+        self.tokens += tokens
+
+    def clear(self) -> None:
+        self.batches.clear()
+        self.tokens = 0
 
 
 def non_embedding_params(model: torch.nn.Module) -> int:
@@ -120,7 +143,7 @@ def non_embedding_params(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters()) - embedding  # a tied head is the embedding, counted once
 
 
-def summarise(latencies: list[float], seconds: float, questions: int, batches: list[int], tokens: int) -> dict:
+def summarise(latencies: list[float], seconds: float, questions: int, forwards: Forwards) -> dict:
     latencies = sorted(latencies)
     n = len(latencies)
     return {
@@ -129,8 +152,8 @@ def summarise(latencies: list[float], seconds: float, questions: int, batches: l
         "questions_per_s": n * questions / seconds,
         "p50_ms": 1000 * statistics.median(latencies),
         "p99_ms": 1000 * latencies[min(n - 1, int(0.99 * n))],
-        "mean_batch": statistics.mean(batches) if batches else 1.0,
-        "tokens_per_s": tokens / seconds,
+        "mean_batch": statistics.mean(forwards.batches) if forwards.batches else 1.0,
+        "tokens_per_s": forwards.tokens / seconds,
     }
 
 
@@ -162,17 +185,12 @@ def in_process(
 ):
     runner = getattr(decider.engine.forward, "runner", None)
     cuda = runner is not None and runner.device.type == "cuda"
-    batches: list[int] = []
-    tokens = [0]
-
-    def on_batch(requests: int, batch_tokens: int) -> None:
-        batches.append(requests)
-        tokens[0] += batch_tokens
+    forwards = Forwards()
 
     async def run() -> tuple[list[float], float, tuple[float, float] | None]:
         batch = decider.max_batch if batching else 1
         worker = ModelWorker(
-            max_pending=10_000, max_batch=batch, on_batch=on_batch, host_threads=host_threads,
+            max_pending=10_000, max_batch=batch, on_batch=forwards, host_threads=host_threads,
             pipeline_depth=pipeline_depth, gather_gap_s=gather_gap_s,
         )  # fmt: skip
 
@@ -186,8 +204,7 @@ def in_process(
             )
 
         await _clients(clients, warmup, ask)  # outside the measurement (graphs of these batch shapes captured)
-        batches.clear()
-        tokens[0] = 0
+        forwards.clear()
         monitor = GpuBusy(runner) if cuda else None
         try:
             latencies, seconds = await _clients(clients, per_client, ask)
@@ -195,13 +212,13 @@ def in_process(
             worker.close()
             if monitor is not None:
                 monitor.close()
-        gpu = (monitor.share(), monitor.busy_ms() / sum(batches)) if monitor is not None and batches else None
+        gpu = monitor.per_doc(forwards) if monitor is not None else None
         return latencies, seconds, gpu
 
     latencies, seconds, gpu = asyncio.run(run())
     graphs = len(runner.slots) if runner is not None else None  # shapes captured and held after the cell
     gpu_busy, gpu_ms_per_doc = gpu or (None, None)
-    summary = summarise(latencies, seconds, len(questions), batches, tokens[0])
+    summary = summarise(latencies, seconds, len(questions), forwards)
     return {**summary, "gpu_busy": gpu_busy, "gpu_ms_per_doc": gpu_ms_per_doc, "graphs": graphs}
 
 
@@ -210,26 +227,20 @@ def through_model_process(
 ) -> dict:
     """The clients' requests handed to a model process as the server hands them (`ModelProcess.answer`), no HTTP:
     what the process boundary costs, against `in_process`."""
-    batches: list[int] = []
-    tokens = [0]
-
-    def on_batch(requests: int, batch_tokens: int) -> None:
-        batches.append(requests)
-        tokens[0] += batch_tokens
+    forwards = Forwards()
 
     async def ask():
         return await model.answer(documents.next(), questions, None, None)
 
     async def run() -> tuple[list[float], float]:
         await _clients(clients, warmup, ask)
-        batches.clear()
-        tokens[0] = 0
+        forwards.clear()
         return await _clients(clients, per_client, ask)
 
-    model.on_batch = on_batch
+    model.on_batch = forwards
     latencies, seconds = asyncio.run(run())
     model.on_batch = None
-    summary = summarise(latencies, seconds, len(questions), batches, tokens[0])
+    summary = summarise(latencies, seconds, len(questions), forwards)
     return {**summary, "gpu_busy": None, "gpu_ms_per_doc": None}
 
 
@@ -253,17 +264,8 @@ def over_http(
     from typedlm.server import create_app
 
     app = create_app(model or decider, server_settings(decider, batching))
-    batches: list[int] = []
-    tokens = [0]
-    worker = app.state.model
-    observed = worker.on_batch
-
-    def on_batch(requests: int, batch_tokens: int) -> None:
-        observed(requests, batch_tokens)
-        batches.append(requests)
-        tokens[0] += batch_tokens
-
-    worker.on_batch = on_batch
+    forwards = Forwards(then=app.state.model.on_batch)  # the server's metrics still see every forward
+    app.state.model.on_batch = forwards
     runner = getattr(decider.engine.forward, "runner", None) if model is None else None  # not seen in another process
     monitor = GpuBusy(runner) if runner is not None and runner.device.type == "cuda" else None
     shares = [clients // processes + (i < clients % processes) for i in range(min(processes, clients))]
@@ -278,19 +280,18 @@ def over_http(
         loads = ClientProcesses(jobs)
         try:
             loads.ready()
-            batches.clear()
-            tokens[0] = 0
+            forwards.clear()
             if monitor is not None:
                 monitor.events.clear()
             started = loads.go()
             results = loads.results()
-            gpu = (monitor.share(), monitor.busy_ms() / sum(batches)) if monitor is not None and batches else None
+            gpu = monitor.per_doc(forwards) if monitor is not None else None
         finally:
             loads.close()
             if monitor is not None:
                 monitor.close()
     latencies = [seconds for result in results for seconds in result["latencies"]]
-    summary = summarise(latencies, max(result["end"] for result in results) - started, len(wire), batches, tokens[0])
+    summary = summarise(latencies, max(result["end"] for result in results) - started, len(wire), forwards)
     gpu_busy, gpu_ms_per_doc = gpu or (None, None)
     return {**summary, "gpu_busy": gpu_busy, "gpu_ms_per_doc": gpu_ms_per_doc, "client_processes": len(shares)}
 
@@ -299,11 +300,15 @@ def server_settings(decider: Decider, batching: bool) -> ServerSettings:
     return ServerSettings(max_queue=10_000, request_timeout_s=600, max_batch=decider.max_batch if batching else 1)
 
 
-def benchmark_decider(args: argparse.Namespace, attention: str) -> Decider:
-    """The decider of an `--attention` row, from the model options (what the model process loads)."""
-    loaded, _ = load_benchmark_model(args)
+def attention_decider(loaded, attention: str) -> Decider:
+    """The decider of an `--attention` row: the raw readout, no prefix cache (every document is new)."""
     engine = EngineOptions(attention_kernel=KERNEL[attention])
     return Decider(loaded, prefix_cache_bytes=0, calibration="raw", engine=engine)
+
+
+def benchmark_decider(args: argparse.Namespace, attention: str) -> Decider:
+    """The same from the model options, loaded anew: what a model process runs."""
+    return attention_decider(load_benchmark_model(args)[0], attention)
 
 
 def plot(report: dict, path: Path) -> None:
@@ -488,12 +493,7 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="JSON path (default: results/throughput-<device>-<date>.json)")
     args = parser.parse_args()
     loaded, dtype = load_benchmark_model(args)
-    deciders = {
-        attention: Decider(
-            loaded, prefix_cache_bytes=0, calibration="raw", engine=EngineOptions(attention_kernel=KERNEL[attention])
-        )
-        for attention in args.attention
-    }
+    deciders = {attention: attention_decider(loaded, attention) for attention in args.attention}
     decider = next(iter(deciders.values()))
     params = non_embedding_params(loaded.model)
     peak = args.peak_tflops or (790.0 if args.device.startswith("cuda") else None)
