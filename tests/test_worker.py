@@ -309,3 +309,31 @@ def test_close_waits_for_the_forwards_in_flight_and_a_failing_callback_stops_not
         return [ask.result() for ask in asks]
 
     assert asyncio.run(main()) == [0, 2, 4]
+
+
+def test_a_request_is_in_the_metrics_by_the_time_it_is_answered():
+    """The metrics callbacks run before a request's future is settled: a scrape right after a response counts it,
+    however slow the callback (for a batched request and for a call of its own)."""
+    recorded: list[str] = []
+
+    def slow(kind: str):
+        def callback(*_):
+            time.sleep(0.05)
+            recorded.append(kind)
+
+        return callback
+
+    async def main():
+        worker = ModelWorker(max_pending=8, on_batch=slow("batch"), on_timing=slow("timing"))
+        model = SlowBatches(0.01)
+        answered = await _ask(worker, model, 3)
+        seen_after_batch = list(recorded)
+        await worker.submit(lambda: None, timeout_s=5)
+        seen_after_call = list(recorded)
+        worker.close()
+        return answered, seen_after_batch, seen_after_call
+
+    answered, seen_after_batch, seen_after_call = asyncio.run(main())
+    assert answered == 6
+    assert seen_after_batch == ["batch", "timing"]
+    assert seen_after_call == ["batch", "timing", "timing"]

@@ -72,6 +72,7 @@ class _Job:
 
 
 _STOP = object()
+_Outcome = tuple[Future, bool, Any]  # a request's future, whether it succeeded, its result or its exception
 
 
 class ModelWorker:
@@ -270,34 +271,41 @@ class ModelWorker:
                 self._in_flight.release()
 
     def _finish(self, batch: list[_Job], finish: Callable[[], list] | None, started: float) -> None:
-        """Wait for a batch's forward and answer its requests (`finish` None: its launch failed, each alone)."""
+        """Wait for a batch's forward and answer its requests (`finish` None: its launch failed, each alone).
+
+        The metrics are recorded before any request is answered, so a scrape that follows a response counts it."""
+        outcomes = self._outcomes(batch, finish)
+        try:
+            if self.on_batch is not None:
+                self.on_batch(len(batch), sum(job.tokens for job in batch))
+            self._timed(batch, started)
+        finally:
+            _settle(outcomes)
+
+    def _outcomes(self, batch: list[_Job], finish: Callable[[], list] | None) -> list[_Outcome]:
+        """What a batch's requests are to be answered with, once its forward is done."""
         if finish is None:
-            self._each_alone(batch)
-        else:
-            try:
-                results = finish()
-            except Exception as exc:
-                if len(batch) == 1:
-                    batch[0].future.set_exception(exc)
-                else:
-                    self._each_alone(batch)
-            except BaseException as exc:  # handed to every request of the batch, raised there
-                for job in batch:
-                    job.future.set_exception(exc)
-            else:
-                for job, result in zip(batch, results, strict=True):
-                    job.future.set_result(result)
-        if self.on_batch is not None:
-            self.on_batch(len(batch), sum(job.tokens for job in batch))
-        self._timed(batch, started)
+            return self._each_alone(batch)
+        try:
+            results = finish()
+        except Exception as exc:
+            if len(batch) == 1:
+                return [(batch[0].future, False, exc)]
+            return self._each_alone(batch)
+        except BaseException as exc:  # handed to every request of the batch, raised there
+            return [(job.future, False, exc) for job in batch]
+        return [(job.future, True, result) for job, result in zip(batch, results, strict=True)]
 
     def _run_call(self, job: _Job) -> None:
         started = time.perf_counter()
         try:
-            job.future.set_result(job.call())
+            outcome: _Outcome = (job.future, True, job.call())
         except BaseException as exc:
-            job.future.set_exception(exc)
-        self._timed([job], started)
+            outcome = (job.future, False, exc)
+        try:
+            self._timed([job], started)
+        finally:
+            _settle([outcome])
 
     def _timed(self, batch: list[_Job], started: float) -> None:
         if self.on_timing is not None:
@@ -306,18 +314,28 @@ class ModelWorker:
                 self.on_timing(started - job.submitted, finished - started)
 
     @staticmethod
-    def _each_alone(batch: list[_Job]) -> None:
-        """The requests of a failed batch, each answered by a forward of its own: its result or its own error (one
+    def _each_alone(batch: list[_Job]) -> list[_Outcome]:
+        """The requests of a failed batch, each run by a forward of its own: its result or its own error (one
         request's fault, or a batch too big for the device, must not fail the others)."""
+        outcomes: list[_Outcome] = []
         for job in batch:
             try:
                 (result,) = job.launch_batch([job.item])()
             except Exception as exc:
-                job.future.set_exception(exc)
+                outcomes.append((job.future, False, exc))
             else:
-                job.future.set_result(result)
+                outcomes.append((job.future, True, result))
+        return outcomes
 
     def close(self) -> None:
         self._host.shutdown(wait=True)
         self._queue.put(_STOP)
         self._thread.join()
+
+
+def _settle(outcomes: list[_Outcome]) -> None:
+    for future, ok, value in outcomes:
+        if ok:
+            future.set_result(value)
+        else:
+            future.set_exception(value)
