@@ -54,14 +54,16 @@ RESULTS = Path(__file__).parent / "results"
 
 
 def make_state(decider: Decider, target_prefix_tokens: int, variant: int = 0) -> str:
-    """A support-ticket thread whose prefix (system prompt + document) has about `target` tokens."""
+    """A support-ticket thread whose system prompt + document has about `target` tokens (before the question opening,
+    which the prefix also holds)."""
     lines = []
     i = 0
     while True:
         topic = TOPICS[(i + variant) % len(TOPICS)]
         lines.append(f"Message {i}: the customer writes about {topic} and order {1000 + i + 97 * variant}.")
         state = "\n".join(lines)
-        if len(decider.layout.encode(decider.layout.prefix_text(state))) >= target_prefix_tokens:
+        # the document as before the question opening joined the prefix (the same requests as earlier results)
+        if len(decider.layout.encode(decider.layout.document_text(state))) >= target_prefix_tokens:
             return state
         i += 1
 
@@ -113,7 +115,7 @@ def generation_prompt(decider: Decider, state: str, questions: dict) -> str:
     blocks = "\n\n".join(f'Question id "{qid}":\n{question_block(q)}' for qid, q in questions.items())
     ask = 'Reply with one JSON object that maps every question id to its answer label, like {"q0": "yes"}.'
     return (
-        decider.layout.prefix_text(state)
+        decider.layout.document_text(state)
         + QUESTION_LEAD
         + blocks
         + "\n\n"

@@ -36,8 +36,10 @@ def _write(path: Path, rows: list, broken_line: int | None = None) -> None:
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
-def _same_response(got: dict, want: dict, tolerance: float = 1e-6) -> None:
-    """The same answers, up to float rounding (one of the two may have read its document from the prefix cache)."""
+def _same_response(got: dict, want: dict, tolerance: float = 1e-5) -> None:
+    """The same answers, up to float rounding: one of the two may have read its document from the prefix cache, and
+    on a CPU a matrix product's row is rounded differently in a product of another number of rows (the library
+    blocks rows by count), which moves a float32 answer by up to about 2e-6 over the embedded model's layers."""
 
     def numbers(value, path=()):
         if isinstance(value, dict):

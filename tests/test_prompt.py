@@ -9,7 +9,14 @@ from transformers import AutoTokenizer
 
 from typedlm.core.errors import ModelError
 from typedlm.core.questions import ChoiceQuestion, NoulQuestion, ScoreQuestion
-from typedlm.text.prompt import SYSTEM_PROMPT, ChatLayout, common_prefix_length, question_block, render_text
+from typedlm.text.prompt import (
+    QUESTION_OPEN,
+    SYSTEM_PROMPT,
+    ChatLayout,
+    common_prefix_length,
+    question_block,
+    render_text,
+)
 
 QUESTIONS = [
     NoulQuestion("Is it spam?"),
@@ -49,6 +56,18 @@ def test_prefix_plus_suffix_is_the_whole_prompt(layout, tokenizer, state):
         assert prompt.prefix_ids + suffix == tokenizer(whole, add_special_tokens=False)["input_ids"]
     # the shared prefix does not depend on which questions are asked
     assert layout.tokenize(state, QUESTIONS[:1]).prefix_ids == prompt.prefix_ids
+
+
+@pytest.mark.parametrize("state", STATES)
+def test_the_question_opening_is_in_the_shared_prefix_not_in_every_suffix(layout, tokenizer, state):
+    """Every question block starts with the same words: the prefix holds their ids, once, and each suffix only the
+    ids of what follows them."""
+    prompt = layout.tokenize(state, QUESTIONS)
+    assert layout.prefix_text(state).endswith("</document>\n\n" + QUESTION_OPEN)
+    assert tokenizer.decode(prompt.prefix_ids) == layout.prefix_text(state)
+    for question, suffix in zip(QUESTIONS, prompt.suffix_ids, strict=True):
+        assert tokenizer.decode(suffix) == layout.suffix_text(question)
+        assert layout.suffix_text(question).startswith(" ") and QUESTION_OPEN not in layout.suffix_text(question)
 
 
 def test_system_prompt_ids_start_every_prefix(layout):
@@ -221,7 +240,9 @@ def test_each_prompt_version_words_the_system_prompt_and_every_kinds_closing_lin
         by_name = ChoiceQuestion((("angry", None), ("calm", None)), by_name=True)
         closing = [question_block(q, version).splitlines()[-1] for q in (*QUESTIONS, by_name)]
         assert closing == [words.noul, words.choice_letters, words.score, words.choice_names]
-        assert layout.suffix_text(QUESTIONS[0]).startswith("\n\n" + question_block(QUESTIONS[0], version))
+        block = question_block(QUESTIONS[0], version)
+        assert layout.prefix_text("x").endswith("\n\n" + QUESTION_OPEN) and block.startswith(QUESTION_OPEN)
+        assert layout.suffix_text(QUESTIONS[0]) == block.removeprefix(QUESTION_OPEN) + layout.answer_opening
     assert question_block(QUESTIONS[0]) == question_block(QUESTIONS[0], PROMPT_VERSION)
     assert len({WORDINGS[v].system + WORDINGS[v].noul for v in WORDINGS}) == len(WORDINGS), "versions differ"
     with pytest.raises(ModelError, match="unknown prompt version 'nope'"):

@@ -2,8 +2,11 @@
 
 Layout, rendered with the model's own chat template (thinking off for Qwen3-style templates):
 
-    [system turn: SYSTEM_PROMPT] [user turn: <document>\\n{state}\\n</document>   ← prefix, shared
-                                  \\n\\n{question block}] [assistant turn opening]  ← suffix, one per question
+    [system turn: SYSTEM_PROMPT] [user turn: <document>\\n{state}\\n</document>\\n\\nQuestion:  ← prefix, shared
+                                  {rest of the question block}] [assistant turn opening]  ← suffix, one per question
+
+Every question block starts with the same words (`QUESTION_OPEN`), so they close the shared prefix: computed once
+per document rather than once per question (the prompt is the same text either way).
 
 The template is rendered once with sentinels in place of the state and the question, and cut there,
 so any template works. Token boundaries are the trap: BPE may merge characters across the cut (Qwen's
@@ -11,12 +14,12 @@ pre-tokenizer glues ">" to the newlines after it). So the split is made on token
 the shared prefix is the longest common prefix of every question's whole-prompt ids and of the
 prefix's own ids, and feeding prefix + suffix is exactly the ids of the whole prompt.
 
-Tokenizing each whole prompt would cost Q tokenizations of the document. Instead a document's prompts
-are cut at a token boundary inside the document close (`ChatLayout._cut`): the ids before it are the
-document's own, and the text after it (a piece of the close, then the question) is the same for every
-document, so its ids are remembered per question. The cut is checked once per document, on the
-document's last tokens with the first question; documents are remembered (by their exact text) with
-their ids and checked cut, so a repeated document is not tokenized again.
+Tokenizing each whole prompt would cost Q tokenizations of the document. Instead a document's prompts are cut at
+a token boundary inside the prefix's close (`ChatLayout.prefix_close`: the document close and the question opening;
+`ChatLayout._cut`): the ids before it are the document's own, and the text after it (a piece of the close, then the
+question) is the same for every document, so its ids are remembered per question. The cut is checked once per
+document, on the document's last tokens with the first question; documents are remembered (by their exact text)
+with their ids and checked cut, so a repeated document is not tokenized again.
 """
 
 from __future__ import annotations
@@ -86,9 +89,10 @@ def wording(version: str) -> Wording:
 DOCUMENT_OPEN = "<document>\n"
 DOCUMENT_CLOSE = "\n</document>"
 QUESTION_LEAD = "\n\n"
+QUESTION_OPEN = "Question:"  # how every question block starts (the prefix ends with it; see `ChatLayout`)
 DOCUMENT_CACHE_ENTRIES = 64  # documents whose prefix ids and checked cut are remembered
 TAIL_TOKENS = 48  # the prefix's last tokens, re-tokenized with the first question to check the cut
-TAIL_CACHE_ENTRIES = 8192  # suffixes whose ids after the document close are remembered
+TAIL_CACHE_ENTRIES = 8192  # suffixes whose ids after the cut are remembered
 SUFFIX_TEXT_ENTRIES = 8192  # questions whose suffix text is remembered
 PREFIX_CHUNK = 256  # token ids compared at a time by common_prefix_length
 WORD_JOINER = "\u2060"  # invisible; breaks a control-token string in user text into plain text
@@ -116,7 +120,7 @@ def _described(name: str, description: Text | None) -> str:
 
 
 def _noul_lines(question: NoulQuestion, words: Wording) -> list[str]:
-    lines = [f"Question: {render_text(question.instructions) or 'Is this true of the document?'}"]
+    lines = [f"{QUESTION_OPEN} {render_text(question.instructions) or 'Is this true of the document?'}"]
     if question.true is not None:
         lines.append(f"Answer yes if: {render_text(question.true)}")
     if question.false is not None:
@@ -126,7 +130,7 @@ def _noul_lines(question: NoulQuestion, words: Wording) -> list[str]:
 
 
 def _choice_lines(question: ChoiceQuestion, words: Wording) -> list[str]:
-    lines = [f"Question: {render_text(question.instructions) or 'Which option fits the document best?'}"]
+    lines = [f"{QUESTION_OPEN} {render_text(question.instructions) or 'Which option fits the document best?'}"]
     lines.append("Options:")
     if question.by_name:  # answered by the option's own name (see ChoiceQuestion.by_name)
         lines += [f"- {_described(name, desc)}" for name, desc in question.options]
@@ -139,7 +143,7 @@ def _choice_lines(question: ChoiceQuestion, words: Wording) -> list[str]:
 
 
 def _score_lines(question: ScoreQuestion, words: Wording) -> list[str]:
-    lines = [f"Question: {render_text(question.instructions) or 'Rate the document on this scale.'}"]
+    lines = [f"{QUESTION_OPEN} {render_text(question.instructions) or 'Rate the document on this scale.'}"]
     lines.append("Levels:")
     lines += [f"{i}: {render_text(level)}" for i, level in zip(score_labels(len(question.levels)), question.levels)]
     lines.append(words.score)
@@ -173,7 +177,7 @@ def common_prefix_length(first: Sequence[int], *others: Sequence[int]) -> int:
 class _Cut:
     """A document's prefix ids split where its prompts are cut: `head_ids` + `tail_ids` == ids of the prefix.
 
-    `tail` is the prefix's text from the cut on (a piece of the document close), None where no cut holds.
+    `tail` is the prefix's text from the cut on (a piece of its close), None where no cut holds.
     """
 
     head_ids: tuple[int, ...]
@@ -202,7 +206,8 @@ class TokenizedPrompt:
 
 
 class ChatLayout:
-    """The chat template cut into its fixed pieces: head, document close, and answer opening."""
+    """The chat template cut into its fixed pieces: head, document close (then the question opening), and answer
+    opening."""
 
     def __init__(self, tokenizer, version: str = PROMPT_VERSION):
         self._tokenizer = tokenizer
@@ -223,6 +228,7 @@ class ChatLayout:
         head, rest = rendered.split(_STATE)
         self.head = head  # everything up to the state: system turn, user turn opening, <document>
         self.document_close, self.answer_opening = rest.split(_QUESTION)
+        self.prefix_close = f"{self.document_close}{QUESTION_LEAD}{QUESTION_OPEN}"  # the prefix after the state
         self.system_ids = self.encode(head)
         self._documents: OrderedDict[tuple[str, str], _Cut] = OrderedDict()  # state or prefix text -> its cut
         self._tail_cache: OrderedDict[str, tuple[int, ...]] = OrderedDict()  # close piece + suffix -> ids
@@ -244,8 +250,13 @@ class ChatLayout:
     def encode(self, text: str) -> list[int]:
         return list(self._tokenizer(text, add_special_tokens=False)["input_ids"])
 
-    def prefix_text(self, state: Text) -> str:
+    def document_text(self, state: Text) -> str:
+        """The prompt up to the document's close: system turn, user turn opening, the state."""
         return f"{self.head}{self.defuse(render_text(state))}{self.document_close}"
+
+    def prefix_text(self, state: Text) -> str:
+        """The text every question of a request shares: the document, then the opening of a question block."""
+        return f"{self.head}{self.defuse(render_text(state))}{self.prefix_close}"
 
     def suffix_text(self, question: Question) -> str:
         with self._lock:
@@ -263,7 +274,9 @@ class ChatLayout:
         return text
 
     def _render_suffix(self, question: Question) -> str:
-        return f"{QUESTION_LEAD}{self.defuse(question_block(question, self.version))}{self.answer_opening}"
+        block = self.defuse(question_block(question, self.version))
+        assert block.startswith(QUESTION_OPEN), "every question block opens the same way"
+        return f"{block.removeprefix(QUESTION_OPEN)}{self.answer_opening}"
 
     def tokenize(self, state: Text, questions: Sequence[Question]) -> TokenizedPrompt:
         """Token ids of the shared prefix and of each question's suffix; prefix + suffix == ids of the whole.
@@ -298,11 +311,11 @@ class ChatLayout:
         return [tuple(ids) for ids in self._tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
     def _cut(self, prefix: str, first_suffix: str) -> _Cut:
-        """Where to cut this document's prompts: at the first token of `prefix` that starts in the document close.
+        """Where to cut this document's prompts: at the first token of `prefix` that starts in its close.
 
         Tokenizers split text into short pieces before merging (whitespace, punctuation), so the ids before a
         token boundary of the prefix stay the same whatever follows it. The text after the cut is then a
-        piece of the fixed document close, the same for every document, and its tokenization with each
+        piece of the fixed close, the same for every document, and its tokenization with each
         suffix is cached (`_tails`). The cut is checked once per document, on the prefix's last `TAIL_TOKENS`
         tokens tokenized alone and with the first question: they must give the prefix's own ids, then the cut's
         (for the same reason, the ids before those tokens cannot change either, so the document is not
@@ -311,7 +324,7 @@ class ChatLayout:
         """
         encoded = self._tokenizer(prefix, add_special_tokens=False, return_offsets_mapping=True)
         alone, offsets = tuple(encoded["input_ids"]), encoded.get("offset_mapping")
-        close, k = len(prefix) - len(self.document_close), len(offsets or ())
+        close, k = len(prefix) - len(self.prefix_close), len(offsets or ())
         while k and offsets[k - 1][0] >= close:
             k -= 1
         if offsets and k < len(alone):
@@ -323,7 +336,7 @@ class ChatLayout:
         return _Cut((), alone, None)
 
     def _tails(self, texts: list[str]) -> list[tuple[int, ...]]:
-        """The ids of each text (a piece of the document close + a suffix), remembered per text."""
+        """The ids of each text (a piece of the prefix's close + a suffix), remembered per text."""
         with self._lock:
             known = {text: self._tail_cache[text] for text in texts if text in self._tail_cache}
         missing = [text for text in dict.fromkeys(texts) if text not in known]
