@@ -8,8 +8,10 @@ import torch
 
 from typedlm.core.options import EngineOptions
 from typedlm.ops.attention import attend_ranges, attend_with_lse
+from typedlm.ops.fused import reference_ops
 from typedlm.runtime.engine import Engine
 from typedlm.runtime.packing import PackedItem, pack
+from typedlm.runtime.patching import fuse
 from typedlm.runtime.static_inputs import FINE_FROM, FINE_STEP, Document, Shape, Slot, bucket
 from typedlm.text.labels import LabelSet
 
@@ -147,3 +149,31 @@ def test_documents_in_one_static_forward_equal_each_alone(family, kernel, tokeni
             assert prefix.length == alone_prefix.length
             for (k, v), (wk, wv) in zip(prefix.layers, alone_prefix.layers, strict=True):
                 assert torch.allclose(k, wk, atol=1e-5) and torch.allclose(v, wv, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama"])
+def test_the_last_layer_finishes_only_the_read_rows(family, tokenizer):
+    """With the layers' fused forwards (here the plain-torch reference operations, which run on a CPU), the static
+    forward's last layer runs its MLP on the read rows only, and the answers and prefixes stay the dynamic run's."""
+    model = tiny_model(family, len(tokenizer), seed=7)
+    report = fuse(model, reference_ops())
+    assert report.residual_norms == len(model.model.layers)
+    dynamic, static = Engine(model), Engine(model, EngineOptions(cuda_graphs=True))
+    mlp_rows: list[int] = []
+    hook = model.model.layers[-1].mlp.register_forward_hook(lambda _m, args, _o: mlp_rows.append(args[0].shape[1]))
+    system = dynamic.snapshot(*dynamic.prefill([11, 23, 45, 67, 89]))
+    ids, packed = [100 + i for i in range(40)], items(3, 6)
+    want, want_prefix = dynamic.run(ids, packed, system)
+    mlp_rows.clear()
+    got, prefix = static.run(ids, packed, system)
+    hook.remove()
+    batch = pack(system.length + len(ids), packed)
+    assert mlp_rows == [bucket(len(batch.read_rows))] and bucket(len(batch.read_rows)) < len(ids) + batch.n_rows
+    assert max(abs(a - b) for g, w in zip(got, want, strict=True) for a, b in zip(g, w, strict=True)) < 1e-6
+    for (k, v), (wk, wv) in zip(prefix.layers, want_prefix.layers, strict=True):
+        assert torch.allclose(k, wk, atol=1e-5) and torch.allclose(v, wv, atol=1e-5)
+    # several documents in one forward: each document's read rows, in order
+    documents = [(ids, packed, system), ([200 + i for i in range(17)], items(5, 4), None), ([], items(2, 5), system)]
+    for (ids, packed, base), (masses, _) in zip(documents, static.run_many(documents, False), strict=True):
+        alone, _ = dynamic.run(ids, packed, base)
+        assert max(abs(a - b) for g, w in zip(masses, alone, strict=True) for a, b in zip(g, w, strict=True)) < 1e-6

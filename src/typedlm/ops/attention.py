@@ -91,6 +91,8 @@ class StaticPlan:
     blocks: torch.Tensor | None = None
     longest: tuple[int, int, int] | None = None  # most document rows, packed rows and keys of one document (a
     # forward not captured as a graph knows them; None: bounded by the whole forward's)
+    out_rows: torch.Tensor | None = None  # the rows whose hidden states the forward reads: where given, the body
+    # may return these alone, in this order (its last layer then finishes no other row)
 
 
 def kernel_available() -> bool:

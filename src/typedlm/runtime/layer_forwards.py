@@ -4,7 +4,9 @@
 chain several of them, so that the chain runs as fewer kernels:
 
 - a pre-norm decoder layer's residual adds run fused with the norms that read their sums
-  (`fuse_residual_norms`; the last add of a layer hands its normed rows to the next layer's input norm);
+  (`fuse_residual_norms`; the last add of a layer hands its normed rows to the next layer's input norm). The
+  model's last layer, given a plan with `out_rows` (the rows the forward reads), finishes only those rows after
+  its attention: no other row's output is read, and every row's keys and values are written by then;
 - an attention that norms each head of its queries and keys and then rotates them (Qwen3's `q_norm` and
   `k_norm`) runs the two norms and the rotary embedding as one kernel (`fuse_norm_rope`), reading each head's
   row once where it lies in the joined q/k/v product and writing it once.
@@ -120,10 +122,17 @@ class _ProbeAttention(torch.nn.Module):
 
 
 def _residual_forward(
-    layer: torch.nn.Module, original: Callable, ops: FusedOps, handoff: _ResidualHandoff, next_norm
+    layer: torch.nn.Module,
+    original: Callable,
+    ops: FusedOps,
+    handoff: _ResidualHandoff,
+    next_norm,
+    last: bool = False,
 ) -> Callable:
     """A pre-norm decoder layer (x + attention(norm(x)), then + mlp(norm(·))) with both residual adds fused
-    with the norms that read them: the attention's with the post-attention norm, the MLP's with `next_norm`."""
+    with the norms that read them: the attention's with the post-attention norm, the MLP's with `next_norm`.
+
+    The model's `last` layer, under a plan with `out_rows`, returns those rows alone [1, len(out_rows), D]."""
     post, post_eps = layer.post_attention_layernorm, norm_eps(layer.post_attention_layernorm)
     next_eps = norm_eps(next_norm) if next_norm is not None else None
 
@@ -131,6 +140,9 @@ def _residual_forward(
         if args or not ops.runs_on(hidden_states):  # positional arguments: the layer's own order, its own forward
             return original(hidden_states, *args, **kwargs)
         attention, *_ = layer.self_attn(hidden_states=layer.input_layernorm(hidden_states), **kwargs)
+        out_rows = getattr(kwargs.get(hf.PLAN_KEYWORD), "out_rows", None) if last else None
+        if out_rows is not None:  # the rows read after this layer: the others' MLP would be thrown away
+            attention, hidden_states = attention[:, out_rows], hidden_states[:, out_rows]
         residual, normed = ops.add_rms_norm(attention, hidden_states, post.weight, post_eps)
         out = layer.mlp(normed)
         if next_norm is None:
@@ -196,7 +208,8 @@ def fuse_residual_norms(model: torch.nn.Module, ops: FusedOps) -> tuple[int, lis
             note = f"{type(layer).__name__} residual adds"
             if not _class_agrees(verdict, layer, ops, _residual_layer_agrees, kept, note):
                 continue
-            layer.forward = _residual_forward(layer, layer.forward, ops, handoff, next_norm)
+            last = i + 1 == len(layers)
+            layer.forward = _residual_forward(layer, layer.forward, ops, handoff, next_norm, last)
             setattr(layer.forward, WRAPPED, ops.name)
             next_norm.forward = _handoff_norm_forward(next_norm, handoff)
             setattr(next_norm.forward, WRAPPED, ops.name)
