@@ -204,7 +204,7 @@ def test_object_states_and_unhashable_questions_are_remembered_apart(tokenizer):
 
 def test_a_cut_that_fails_its_check_tokenizes_every_prompt_whole(tokenizer, monkeypatch):
     layout = ChatLayout(tokenizer)
-    monkeypatch.setattr(layout, "_tails", lambda texts: [(0,)] * len(texts))  # ids that never match
+    monkeypatch.setattr(layout, "_tails", lambda texts, anchored=False: [(0,)] * len(texts))  # ids that never match
     tokenized = layout.tokenize("plain text", QUESTIONS)
     assert layout._documents["state", "plain text"].tail is None
     for question, suffix in zip(QUESTIONS, tokenized.suffix_ids, strict=True):
@@ -270,7 +270,7 @@ def _sentencepiece_style_tokenizer():
 
 
 @pytest.mark.parametrize("state", ["The parcel is late again.", "ends with >", "", "Question: nested"])
-def test_a_sentencepiece_style_tokenizer_gets_the_whole_prompts_and_the_question_opening_shared(state):
+def test_a_sentencepiece_style_tokenizer_gets_the_whole_prompts_the_question_opening_shared_and_its_cut(state):
     tokenizer = _sentencepiece_style_tokenizer()
     layout = ChatLayout(tokenizer)
     prompt = layout.tokenize(state, QUESTIONS)
@@ -279,3 +279,7 @@ def test_a_sentencepiece_style_tokenizer_gets_the_whole_prompts_and_the_question
         assert prompt.prefix_ids + suffix == tokenizer(whole, add_special_tokens=False)["input_ids"]
     assert tokenizer.decode(prompt.prefix_ids).endswith("</document>\n\n" + QUESTION_OPEN)
     assert layout.tokenize(state, QUESTIONS[1:]).prefix_ids == prompt.prefix_ids
+    # tokenized alone, a text gets a leading ▁ here: the cut holds behind the anchor (a special token) instead, so a
+    # document is not tokenized once per question
+    cut = layout._documents["state", state]
+    assert cut.tail is not None and cut.anchored

@@ -177,12 +177,14 @@ def common_prefix_length(first: Sequence[int], *others: Sequence[int]) -> int:
 class _Cut:
     """A document's prefix ids split where its prompts are cut: `head_ids` + `tail_ids` == ids of the prefix.
 
-    `tail` is the prefix's text from the cut on (a piece of its close), None where no cut holds.
+    `tail` is the prefix's text from the cut on (a piece of its close), None where no cut holds; `anchored`: the
+    text after the cut is tokenized behind the layout's anchor (`ChatLayout._anchor`).
     """
 
     head_ids: tuple[int, ...]
     tail_ids: tuple[int, ...]
     tail: str | None
+    anchored: bool = False
 
     @cached_property
     def array(self) -> np.ndarray:
@@ -231,7 +233,8 @@ class ChatLayout:
         self.prefix_close = f"{self.document_close}{QUESTION_LEAD}{QUESTION_OPEN}"  # the prefix after the state
         self.system_ids = self.encode(head)
         self._documents: OrderedDict[tuple[str, str], _Cut] = OrderedDict()  # state or prefix text -> its cut
-        self._tail_cache: OrderedDict[str, tuple[int, ...]] = OrderedDict()  # close piece + suffix -> ids
+        self._tail_cache: OrderedDict[tuple[bool, str], tuple[int, ...]] = OrderedDict()  # (anchored, close piece +
+        # suffix) -> ids
         self._suffix_texts: dict[Question, str] = {}  # question -> its suffix text (oldest dropped first)
         self._lock = threading.Lock()  # the caches above are shared by the threads that tokenize
         # Strings the tokenizer turns into control tokens (<|im_end|>, <|im_start|>, ...). In user text
@@ -239,6 +242,7 @@ class ChatLayout:
         added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
         specials = set(getattr(tokenizer, "all_special_tokens", [])) | {t.content for t in added.values() if t.special}
         self._control_strings = sorted((s for s in specials if len(s) > 1), key=len, reverse=True)
+        self._anchor = self._find_anchor(sorted(specials))
 
     def defuse(self, text: str) -> str:
         """User text with every control-token string broken by a word joiner, so it tokenizes as text."""
@@ -299,7 +303,7 @@ class ChatLayout:
             prefix = prefix or self.prefix_text(state)
             tails = self._encode_batch([prefix + suffix for suffix in suffixes])
         else:
-            tails = self._tails([cut.tail + suffix for suffix in suffixes])
+            tails = self._tails([cut.tail + suffix for suffix in suffixes], cut.anchored)
         n = common_prefix_length(cut.tail_ids, *tails)
         prefix_ids = [*cut.head_ids, *cut.tail_ids[:n]]
         array = cut.array[: len(prefix_ids)]  # the document's array (a view), shared by every request on it
@@ -307,8 +311,23 @@ class ChatLayout:
         assert all(prompt.suffix_ids), "every question has at least one token of its own"
         return prompt
 
-    def _encode_batch(self, texts: list[str]) -> list[tuple[int, ...]]:
-        return [tuple(ids) for ids in self._tokenizer(texts, add_special_tokens=False)["input_ids"]]
+    def _encode_batch(self, texts: list[str], anchored: bool = False) -> list[tuple[int, ...]]:
+        """The ids of each text; `anchored`: of the text tokenized behind the anchor, the anchor's id taken off."""
+        if not anchored:
+            return [tuple(ids) for ids in self._tokenizer(texts, add_special_tokens=False)["input_ids"]]
+        anchor, anchor_id = self._anchor
+        encoded = self._tokenizer([anchor + text for text in texts], add_special_tokens=False)["input_ids"]
+        return [tuple(ids[1:]) if ids[:1] == [anchor_id] else (anchor_id, *ids) for ids in encoded]  # else: no match
+
+    def _find_anchor(self, specials: list[str]) -> tuple[str, int] | None:
+        """A special token to tokenize text behind: one id, after which the text's ids are its ids in the middle of
+        a prompt. SentencePiece-style tokenizers mark a text's start (`▁` before its first word, Llama-2's and
+        Mistral's); after a special token they do not, so the text after a cut can still be tokenized alone."""
+        for special in specials:
+            ids = self.encode(special)
+            if len(ids) == 1:
+                return special, ids[0]
+        return None
 
     def _cut(self, prefix: str, first_suffix: str) -> _Cut:
         """Where to cut this document's prompts: at the first token of `prefix` that starts in its close.
@@ -319,8 +338,8 @@ class ChatLayout:
         suffix is cached (`_tails`). The cut is checked once per document, on the prefix's last `TAIL_TOKENS`
         tokens tokenized alone and with the first question: they must give the prefix's own ids, then the cut's
         (for the same reason, the ids before those tokens cannot change either, so the document is not
-        tokenized again with the question). A tokenizer for which the check fails gets every prompt tokenized
-        whole.
+        tokenized again with the question). Where that fails, the same check is made with the texts tokenized
+        behind the anchor (`_find_anchor`). A tokenizer for which both fail gets every prompt tokenized whole.
         """
         encoded = self._tokenizer(prefix, add_special_tokens=False, return_offsets_mapping=True)
         alone, offsets = tuple(encoded["input_ids"]), encoded.get("offset_mapping")
@@ -330,21 +349,28 @@ class ChatLayout:
         if offsets and k < len(alone):
             tail, j = prefix[offsets[k][0] :], max(k - TAIL_TOKENS, 0)
             window = prefix[offsets[j][0] :]
-            window_alone, window_whole = self._encode_batch([window, window + first_suffix])
-            if window_alone == alone[j:] and window_whole == alone[j:k] + self._tails([tail + first_suffix])[0]:
-                return _Cut(alone[:k], alone[k:], tail)
+            for anchored in (False, True) if self._anchor else (False,):
+                window_alone, window_whole = self._encode_batch([window, window + first_suffix], anchored)
+                if (
+                    window_alone == alone[j:]
+                    and window_whole == alone[j:k] + self._tails([tail + first_suffix], anchored)[0]
+                ):
+                    return _Cut(alone[:k], alone[k:], tail, anchored)
         return _Cut((), alone, None)
 
-    def _tails(self, texts: list[str]) -> list[tuple[int, ...]]:
-        """The ids of each text (a piece of the prefix's close + a suffix), remembered per text."""
+    def _tails(self, texts: list[str], anchored: bool = False) -> list[tuple[int, ...]]:
+        """The ids of each text (a piece of the prefix's close + a suffix), remembered per text (and whether it was
+        tokenized behind the anchor)."""
+        keys = [(anchored, text) for text in texts]
         with self._lock:
-            known = {text: self._tail_cache[text] for text in texts if text in self._tail_cache}
-        missing = [text for text in dict.fromkeys(texts) if text not in known]
-        known.update(zip(missing, self._encode_batch(missing) if missing else ()))
+            known = {key: self._tail_cache[key] for key in keys if key in self._tail_cache}
+        missing = [key for key in dict.fromkeys(keys) if key not in known]
+        if missing:
+            known.update(zip(missing, self._encode_batch([text for _, text in missing], anchored)))
         with self._lock:
             self._tail_cache.update(known)
-            _touch(self._tail_cache, texts, TAIL_CACHE_ENTRIES)
-        return [known[text] for text in texts]
+            _touch(self._tail_cache, keys, TAIL_CACHE_ENTRIES)
+        return [known[key] for key in keys]
 
 
 def _touch(cache: OrderedDict, keys: Sequence, limit: int) -> None:
