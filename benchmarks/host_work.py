@@ -1,13 +1,15 @@
 """The host work of one request without the model: tokenizing, packing and writing the static inputs.
 
-    python benchmarks/host_work.py [--questions 1 32] [--repeats 200]
+    python benchmarks/host_work.py [--questions 1 32] [--repeats 200] [--new-documents] [--tokenizer DIR]
 
 On a GPU a request's forward is one graph replay, so the Python around it is a visible share of its latency
 (benchmarks/README.md). This times those steps alone, on the CPU, with the embedded model's tokenizer: a
 document of P ≈ 1266 tokens (three take turns, as in latency.py, so their ids are remembered after the
 warm-up) and Q yes/no questions, as `Decider.decide` and `StaticRunner.run` do them (the prefix-cache
-lookup, the model, the answers and the graph launch are not here). Prints the median µs of each step and
-ends with one JSON line.
+lookup, the model, the answers and the graph launch are not here). With --new-documents every request brings a
+document of its own (its own first line, as throughput.py's), so each is tokenized as a server meets it;
+--tokenizer times another model's tokenizer (a directory). Prints the median µs of each step and ends with one
+JSON line.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from latency import make_questions, make_state
 
 from typedlm.runtime.models import converted_gguf, embedded_gguf_path
 from typedlm.runtime.packing import PackedItem, pack
-from typedlm.runtime.static_inputs import Shape, Slot
+from typedlm.runtime.static_inputs import Document, Shape, Slot
 from typedlm.text.labels import Labeler
 from typedlm.text.prompt import ChatLayout
 
@@ -38,11 +40,17 @@ def main() -> None:
     parser.add_argument("--questions", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--prefix-tokens", type=int, default=1266)
     parser.add_argument("--repeats", type=int, default=200)
+    parser.add_argument("--new-documents", action="store_true", help="a new document per request")
+    parser.add_argument("--tokenizer", default=None, help="a tokenizer directory (default: the embedded model's)")
     args = parser.parse_args()
-    tokenizer = AutoTokenizer.from_pretrained(converted_gguf(embedded_gguf_path()))
+    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or converted_gguf(embedded_gguf_path()))
     layout = ChatLayout(tokenizer)
-    labels = Labeler(tokenizer, layout.answer_opening).noul()
+    labels = Labeler(tokenizer, layout.answer_opening).labels("noul", 2)
     states = [make_state(SimpleNamespace(layout=layout), args.prefix_tokens, v) for v in range(3)]
+
+    def state(i: int, q: int) -> str:
+        return f"Ticket {q}-{i}.\n{states[0]}" if args.new_documents else states[i % 3]
+
     system = len(layout.system_ids)  # the cached prefix a new document follows
     rows = []
     for q in args.questions:
@@ -51,14 +59,14 @@ def main() -> None:
         times: dict[str, list[float]] = {"tokenize": [], "pack": [], "fill": []}
         for i in range(args.repeats + 3):  # the first three: warm-up (caches filled, as in a server)
             start = time.perf_counter()
-            prompt = layout.tokenize(states[i % 3], questions)
+            prompt = layout.tokenize(state(i, q), questions)
             tokenized = time.perf_counter()
             batch = pack(len(prompt.prefix_ids), [PackedItem(ids, labels) for ids in prompt.suffix_ids])
             packed = time.perf_counter()
             ids = prompt.prefix_ids[system:]
             shape = Shape.of(len(ids), batch)
             slot = slots.get(shape) or slots.setdefault(shape, Slot(shape, torch.device("cpu")))
-            slot.fill(ids, batch, system)
+            slot.fill([Document(ids, system, batch.n_rows)], batch, [0])
             filled = time.perf_counter()
             if i >= 3:
                 for name, seconds in zip(times, (tokenized - start, packed - tokenized, filled - packed)):
@@ -67,7 +75,11 @@ def main() -> None:
         row["total_us"] = round(sum(row[f"{k}_us"] for k in times), 1)
         rows.append(row)
         print("  ".join(f"{k} {v}" for k, v in row.items()))
-    print(json.dumps({"benchmark": "host_work", "repeats": args.repeats, "torch": torch.__version__, "rows": rows}))
+    meta = {"benchmark": "host_work", "repeats": args.repeats, "new_documents": args.new_documents}
+    meta.update(
+        tokenizer=args.tokenizer or "embedded", cut_holds=next(reversed(layout._documents.values())).tail is not None
+    )
+    print(json.dumps({**meta, "torch": torch.__version__, "rows": rows}))
 
 
 if __name__ == "__main__":
