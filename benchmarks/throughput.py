@@ -31,7 +31,8 @@ sustained load). --gather-gap gives the batching rows' wait for more requests wh
 worker's `gather_gap_s`; 0 turns it off). --switch-interval sets Python's
 thread switch interval for a row (the threads preparing, launching and finishing share one interpreter lock).
 --warmup sets the requests each client sends before a cell is measured (graphs of the batch shapes they meet are
-captured then; "graphs" is how many shapes the engine holds after the cell). Prints a table, writes JSON and a
+captured then; "graphs" is how many shapes the engine holds after the cell, "(+n)" the graphs captured while it was
+measured: each holds up the forwards behind it). Prints a table, writes JSON and a
 PNG plot, and ends with one JSON line.
 
     python benchmarks/throughput.py                                   # CPU, the embedded model
@@ -206,6 +207,7 @@ def in_process(
         await _clients(clients, warmup, ask)  # outside the measurement (graphs of these batch shapes captured)
         forwards.clear()
         monitor = GpuBusy(runner) if cuda else None
+        captures = runner.captures if runner is not None else 0
         try:
             latencies, seconds = await _clients(clients, per_client, ask)
         finally:
@@ -213,13 +215,15 @@ def in_process(
             if monitor is not None:
                 monitor.close()
         gpu = monitor.per_doc(forwards) if monitor is not None else None
-        return latencies, seconds, gpu
+        return latencies, seconds, gpu, (runner.captures - captures if runner is not None else None)
 
-    latencies, seconds, gpu = asyncio.run(run())
+    latencies, seconds, gpu, captured = asyncio.run(run())
     graphs = len(runner.slots) if runner is not None else None  # shapes captured and held after the cell
     gpu_busy, gpu_ms_per_doc = gpu or (None, None)
     summary = summarise(latencies, seconds, len(questions), forwards)
-    return {**summary, "gpu_busy": gpu_busy, "gpu_ms_per_doc": gpu_ms_per_doc, "graphs": graphs}
+    return {
+        **summary, "gpu_busy": gpu_busy, "gpu_ms_per_doc": gpu_ms_per_doc, "graphs": graphs, "captured": captured
+    }  # fmt: skip
 
 
 def through_model_process(
@@ -424,6 +428,8 @@ def measure(
                     share = f"{100 * row['matrix_rate']:.1f}%" if peak else "-"
                     gpu = f"{100 * row['gpu_busy']:.1f}%" if row.get("gpu_busy") else "-"
                     graphs = row.get("graphs") or "-"
+                    if row.get("captured"):  # graphs captured while the cell was measured (their time counts)
+                        graphs = f"{graphs} (+{row['captured']})"
                     per_doc = f"{row['gpu_ms_per_doc']:.2f}" if row.get("gpu_ms_per_doc") else "-"
                     print(
                         f"| {workload} | {q} | {path} | {attention} | {'on' if batching else 'off'} | {depth} | "

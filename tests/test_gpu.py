@@ -113,6 +113,26 @@ def test_cuda_graphs_survive_a_growing_buffer_and_evictions(max_graphs, tokenize
     assert len(graphs.engine.forward.runner.slots) <= max_graphs
 
 
+def test_graph_captures_are_counted_for_monitoring(tokenizer):
+    """`stats()["cuda_graphs"]`: a new batch shape captures a graph, a shape held replays without one."""
+    model = tiny_model("qwen3", len(tokenizer)).cuda()
+    graphs = Decider(LoadedModel(model, tokenizer, "tiny"), prefix_cache_bytes=0, calibration="raw")
+    eager = Decider(
+        LoadedModel(model, tokenizer, "tiny"),
+        prefix_cache_bytes=0,
+        engine=EngineOptions(cuda_graphs=False),
+        calibration="raw",
+    )
+    assert "cuda_graphs" not in eager.stats()
+    graphs.decide("word " * 300, QUESTIONS)
+    first = graphs.stats()["cuda_graphs"]
+    graphs.decide("word " * 300, QUESTIONS)  # the same shape: replayed
+    assert graphs.stats()["cuda_graphs"] == first and first["captures"] >= 1
+    graphs.decide("word " * 900, QUESTIONS)  # a longer document: another shape
+    after = graphs.stats()["cuda_graphs"]
+    assert after["captures"] > first["captures"] and after["held"] == len(graphs.engine.forward.runner.slots)
+
+
 @pytest.mark.parametrize("max_graphs", [64, 1])
 def test_forwards_launched_before_the_last_is_done_equal_each_alone(max_graphs, tokenizer, monkeypatch):
     """The server's pipeline: forwards launched while earlier ones are still in flight (the same captured shape

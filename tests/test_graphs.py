@@ -87,6 +87,7 @@ def test_static_run_equals_the_dynamic_run(family, kernel, tokenizer):
     model = tiny_model(family, len(tokenizer), seed=3)
     dynamic, static = Engine(model), Engine(model, EngineOptions(cuda_graphs=True, attention_kernel=kernel))
     assert static.features.static and not dynamic.features.static
+    assert static.stats() == dynamic.stats() == {}  # nothing captured on a CPU: no graph counters
     system = dynamic.snapshot(*dynamic.prefill([11, 23, 45, 67, 89]))
     requests = [
         ([100 + i for i in range(40)], items(3, 6), system),

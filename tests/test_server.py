@@ -175,6 +175,20 @@ def test_metrics_count_requests_latency_tokens_and_questions(caplog):
     assert second["status"] == 422 and "input_tokens" not in second
 
 
+def test_cuda_graph_counters_reach_health_and_metrics():
+    """A decider on a GPU reports its graphs' captures (a counter) and how many it holds (a gauge)."""
+
+    class OnGpu(FakeDecider):
+        def stats(self):
+            return {**super().stats(), "cuda_graphs": {"captures": 7, "held": 5}}
+
+    with ServerThread(create_app(OnGpu(), ServerSettings())) as url:
+        health = httpx.get(url + "/health").json()
+        samples = scrape(url)
+    assert health["cuda_graphs"] == {"captures": 7, "held": 5}
+    assert samples[("typedlm_cuda_graphs_captures_total", ())] == 7 and samples[("typedlm_cuda_graphs_held", ())] == 5
+
+
 def test_models_health_and_docs(fake_server_url, fake_decider):
     models = httpx.get(fake_server_url + "/v1/models").json()["models"]
     assert [m["name"] for m in models] == [fake_decider.name, "jev-latest"]

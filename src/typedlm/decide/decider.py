@@ -472,8 +472,9 @@ class Decider:
         return method == "contextual" or (method == "fitted" and fitted is not None and fitted.needs_prior)
 
     def stats(self) -> dict[str, dict[str, int]]:
-        """Counters for monitoring: the prefix cache's hits, misses, entries and bytes."""
-        return {"prefix_cache": self.prefix_cache.stats()}
+        """Counters for monitoring: the prefix cache's hits, misses, entries and bytes; on a GPU the CUDA graphs'
+        captures and how many are held."""
+        return {"prefix_cache": self.prefix_cache.stats(), **self.engine.stats()}
 
     def respond(self, body: Any) -> dict[str, Any]:
         """A whole `/v1/systemone` request body → the response body."""

@@ -91,6 +91,11 @@ class Engine:
         else:
             self.forward = TwoForwards(eager)
 
+    def stats(self) -> dict[str, dict[str, int]]:
+        """Counters for monitoring: the CUDA graphs' (`cuda_graphs`: captures, held) where forwards are replayed."""
+        runner = getattr(self.forward, "runner", None)
+        return {"cuda_graphs": runner.stats()} if runner is not None and runner.capture else {}
+
     @contextlib.contextmanager
     def _turn(self) -> Iterator[None]:
         """One forward's launch: the engine's lock held, its device current."""

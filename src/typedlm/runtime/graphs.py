@@ -97,6 +97,7 @@ class StaticRunner:
         self.slots: OrderedDict[Shape, Slot] = OrderedDict()
         self.stacked: list = []  # (prefix, its keys/values stacked [L, 2, P, Hkv, D]) of bases copied lately
         self.pool = torch.cuda.graph_pool_handle() if capture else None
+        self.captures = 0  # graphs captured since start (a shape not held, or held before the buffer grew)
         self.bit_shifts = torch.arange(8, dtype=torch.uint8, device=self.device)  # unpacks own_mask's bytes
 
     def _ensure_capacity(self, tokens: int) -> None:
@@ -195,6 +196,13 @@ class StaticRunner:
         slot.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(slot.graph, pool=self.pool):
             slot.out = self.forward(slot)
+        self.captures += 1
+
+    def stats(self) -> dict[str, int]:
+        """Graphs captured since start, and held now: a capture holds up the forwards behind it (a latency tail
+        where new batch shapes keep coming)."""
+        # each slot's graph is captured as the slot is made; `len` only, as another thread may be adding one
+        return {"captures": self.captures, "held": len(self.slots)}
 
     @torch.inference_mode()
     def run(

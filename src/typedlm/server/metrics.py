@@ -11,6 +11,8 @@ Exposed at /metrics (prometheus_client's text format, one registry per app):
     typedlm_questions_total{type}               questions answered, by type
     typedlm_requests_pending                    requests running or waiting for the model thread (gauge)
     typedlm_prefix_cache_*                      the prefix cache's counters (hits_total, ...) and sizes
+    typedlm_cuda_graphs_captures_total          CUDA graphs captured (on a GPU; a capture holds up the forwards
+                                                behind it); typedlm_cuda_graphs_held: graphs held now
     typedlm_model_info{model,device,dtype,...}  the served model (always 1)
 
 `RequestLog` writes one line per request (text, or JSON with `--log-format json`): route, status, ms, tokens,
@@ -31,7 +33,7 @@ from prometheus_client.registry import Collector
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # requests per forward
-CUMULATIVE = ("hits", "partial_hits", "misses", "reused_tokens")  # prefix-cache counters; the rest are sizes
+CUMULATIVE = ("hits", "partial_hits", "misses", "reused_tokens", "captures")  # counters; the rest are sizes
 ROUTES = (
     "/",
     "/playground",
@@ -74,7 +76,7 @@ def route_of(path: str) -> str:
 
 
 class _Live(Collector):
-    """Values read at scrape time: the queue and the prefix cache's counters."""
+    """Values read at scrape time: the queue, the prefix cache's counters and the CUDA graphs'."""
 
     def __init__(self, pending: Callable[[], int], stats: Callable[[], Mapping[str, Mapping[str, int]]]):
         self._pending, self._stats = pending, stats
