@@ -93,19 +93,22 @@ def test_cuda_graphs_equal_the_eager_forward(dtype, tokenizer):
     assert len(graphs.engine.forward.runner.slots) <= 3
 
 
+def _graphs_and_eager(tokenizer) -> tuple[Decider, Decider]:
+    """Deciders over one tiny Qwen3 model on the GPU: CUDA graphs (the default there) and eager forwards."""
+    model = tiny_model("qwen3", len(tokenizer)).cuda()
+    graphs = Decider(LoadedModel(model, tokenizer, "tiny"), prefix_cache_bytes=0, calibration="raw")
+    eager_options = EngineOptions(cuda_graphs=False)
+    return graphs, Decider(
+        LoadedModel(model, tokenizer, "tiny"), prefix_cache_bytes=0, engine=eager_options, calibration="raw"
+    )
+
+
 @pytest.mark.parametrize("max_graphs", [1, 2])
 def test_cuda_graphs_survive_a_growing_buffer_and_evictions(max_graphs, tokenizer, monkeypatch):
     # a longer document than any before reallocates the key/value buffer and drops every graph; later captures
     # must not reuse the freed graphs' memory pool (PyTorch asserts), nor must captures after LRU evictions
     monkeypatch.setattr(graphs_module, "MAX_GRAPHS", max_graphs)
-    model = tiny_model("qwen3", len(tokenizer)).cuda()
-    graphs = Decider(LoadedModel(model, tokenizer, "tiny"), prefix_cache_bytes=0, calibration="raw")
-    eager = Decider(
-        LoadedModel(model, tokenizer, "tiny"),
-        prefix_cache_bytes=0,
-        engine=EngineOptions(cuda_graphs=False),
-        calibration="raw",
-    )
+    graphs, eager = _graphs_and_eager(tokenizer)
     states = ["short", "a bit longer than that " * 3, "word " * 300, "tiny", "word " * 700, "more words " * 40]
     for state in states:
         want, got = eager.decide(state, QUESTIONS).answers, graphs.decide(state, QUESTIONS).answers
@@ -115,14 +118,7 @@ def test_cuda_graphs_survive_a_growing_buffer_and_evictions(max_graphs, tokenize
 
 def test_graph_captures_are_counted_for_monitoring(tokenizer):
     """`stats()["cuda_graphs"]`: a new batch shape captures a graph, a shape held replays without one."""
-    model = tiny_model("qwen3", len(tokenizer)).cuda()
-    graphs = Decider(LoadedModel(model, tokenizer, "tiny"), prefix_cache_bytes=0, calibration="raw")
-    eager = Decider(
-        LoadedModel(model, tokenizer, "tiny"),
-        prefix_cache_bytes=0,
-        engine=EngineOptions(cuda_graphs=False),
-        calibration="raw",
-    )
+    graphs, eager = _graphs_and_eager(tokenizer)
     assert "cuda_graphs" not in eager.stats()
     graphs.decide("word " * 300, QUESTIONS)
     first = graphs.stats()["cuda_graphs"]
