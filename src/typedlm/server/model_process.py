@@ -48,6 +48,7 @@ from typedlm.core.questions import Question, Text
 from typedlm.server.serving import DeciderLike, InProcessModel, Stats
 from typedlm.server.settings import ServerSettings
 from typedlm.server.status import APIError, error_status, overloaded, timed_out
+from typedlm.server.worker import resolve
 
 logger = logging.getLogger(__name__)
 
@@ -198,16 +199,7 @@ class ModelProcess:
 def _resolve_soon(future: asyncio.Future, ok: bool, outcome: Any) -> None:
     """Settle `future` on its event loop (from the reader thread); a loop closed meanwhile has nobody waiting."""
     with contextlib.suppress(RuntimeError):
-        future.get_loop().call_soon_threadsafe(_resolve, future, ok, outcome)
-
-
-def _resolve(future: asyncio.Future, ok: bool, outcome: Any) -> None:
-    if future.done():
-        return
-    if ok:
-        future.set_result(outcome)
-    else:
-        future.set_exception(outcome)
+        future.get_loop().call_soon_threadsafe(resolve, future, ok, outcome)
 
 
 def _retrieved(future: asyncio.Future) -> None:

@@ -335,7 +335,14 @@ class ModelWorker:
 
 def _settle(outcomes: list[_Outcome]) -> None:
     for future, ok, value in outcomes:
-        if ok:
-            future.set_result(value)
-        else:
-            future.set_exception(value)
+        resolve(future, ok, value)
+
+
+def resolve(future: Future | asyncio.Future, ok: bool, value: Any) -> None:
+    """Settle `future` with `value`, its result (`ok`) or its exception; one settled already is left as it is."""
+    if future.done():
+        return
+    if ok:
+        future.set_result(value)
+    else:
+        future.set_exception(value)
