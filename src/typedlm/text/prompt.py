@@ -243,6 +243,7 @@ class ChatLayout:
         specials = set(getattr(tokenizer, "all_special_tokens", [])) | {t.content for t in added.values() if t.special}
         self._control_strings = sorted((s for s in specials if len(s) > 1), key=len, reverse=True)
         self._anchor = self._find_anchor(sorted(specials))
+        self._anchored_first = False  # the way the last document's cut held, tried first on the next one
 
     def defuse(self, text: str) -> str:
         """User text with every control-token string broken by a word joiner, so it tokenizes as text."""
@@ -339,7 +340,8 @@ class ChatLayout:
         tokens tokenized alone and with the first question: they must give the prefix's own ids, then the cut's
         (for the same reason, the ids before those tokens cannot change either, so the document is not
         tokenized again with the question). Where that fails, the same check is made with the texts tokenized
-        behind the anchor (`_find_anchor`). A tokenizer for which both fail gets every prompt tokenized whole.
+        behind the anchor (`_find_anchor`); the way that held last is tried first. A tokenizer for which both fail
+        gets every prompt tokenized whole.
         """
         encoded = self._tokenizer(prefix, add_special_tokens=False, return_offsets_mapping=True)
         alone, offsets = tuple(encoded["input_ids"]), encoded.get("offset_mapping")
@@ -349,12 +351,14 @@ class ChatLayout:
         if offsets and k < len(alone):
             tail, j = prefix[offsets[k][0] :], max(k - TAIL_TOKENS, 0)
             window = prefix[offsets[j][0] :]
-            for anchored in (False, True) if self._anchor else (False,):
+            first = self._anchored_first
+            for anchored in (first, not first) if self._anchor else (False,):
                 window_alone, window_whole = self._encode_batch([window, window + first_suffix], anchored)
                 if (
                     window_alone == alone[j:]
                     and window_whole == alone[j:k] + self._tails([tail + first_suffix], anchored)[0]
                 ):
+                    self._anchored_first = anchored
                     return _Cut(alone[:k], alone[k:], tail, anchored)
         return _Cut((), alone, None)
 
