@@ -14,6 +14,11 @@ With --documents N, each forward answers N new documents together (as the server
 them): N requests are prepared (timed as one step), then answered by `Decider.decide_prepared`; a step that
 runs once per document is summed over them. The row is one forward's; divide by N for a document's share.
 
+With --profile (CUDA) each row also lists where one replay's GPU time goes, from `torch.profiler` over
+--repeats replays: per kind of kernel (the attention kernel, the matrix products, the fused Triton kernels, the
+rest) and the kernels that take the most, in µs per forward; "idle" is the replay's GPU time (events) that no
+kernel fills (the gaps between them).
+
 With --no-forward (any device) the request runs the static path (as on CUDA) with each forward replaced by
 a constant output of its size (every label step at log 1/2): what is left is the host work alone.
 """
@@ -82,6 +87,43 @@ def graph_times(slot, device: str, repeats: int) -> dict[str, float]:
     }
 
 
+def kernel_kind(name: str) -> str:
+    """A kernel's kind, by its name: what the profile table sums."""
+    if "cascade_kernel" in name:
+        return "attention (cascade kernel)"
+    if any(mark in name.lower() for mark in ("gemm", "nvjet", "cutlass", "xmma", "cublas", "wgmma")):
+        return "matrix products"
+    if name.startswith("_") and name.endswith("_kernel"):
+        return "fused (Triton)"
+    return "other (copies, elementwise)"
+
+
+def kernel_profile(slot, repeats: int, gpu_ms: float) -> dict:
+    """Where one replay's GPU time goes: µs per forward by kind and by kernel (the 12 largest), from the
+    profiler over `repeats` replays; `idle`: the GPU time (events) no kernel fills."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(repeats):
+            slot.graph.replay()
+        torch.cuda.synchronize()
+    kernels: dict[str, float] = {}
+    for event in prof.key_averages():
+        us = getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0.0)
+        if us and event.key and not event.key.startswith(("ProfilerStep", "cudaGraph")):
+            kernels[event.key] = kernels.get(event.key, 0.0) + us / repeats
+    kinds: dict[str, float] = {}
+    for name, us in kernels.items():
+        kinds[kernel_kind(name)] = kinds.get(kernel_kind(name), 0.0) + us
+    kinds["idle"] = max(gpu_ms * 1e3 - sum(kernels.values()), 0.0)
+    largest = sorted(kernels.items(), key=lambda item: -item[1])[:12]
+    return {
+        "kinds_us": {kind: round(us, 1) for kind, us in sorted(kinds.items(), key=lambda item: -item[1])},
+        "kernels_us": {name[:90]: round(us, 1) for name, us in largest},
+    }
+
+
 def without_forward(runner) -> None:
     """Replace the runner's forward by a constant output of the size it gives (the host work stays as it is)."""
 
@@ -114,7 +156,10 @@ def measure(decider: Decider, args, q: int, n: int, sync) -> dict:
     sync()
     row: dict = {"questions": q, "documents": n}
     if args.device.startswith("cuda") and runner is not None and runner.slots:
-        row.update(graph_times(next(reversed(runner.slots.values())), args.device, args.repeats))
+        slot = next(reversed(runner.slots.values()))
+        row.update(graph_times(slot, args.device, args.repeats))
+        if args.profile:
+            row["profile"] = kernel_profile(slot, args.repeats, row["graph_gpu_ms"])
     steps: dict[str, list[float]] = {}
     totals = []
     for i in range(args.repeats):
@@ -140,6 +185,9 @@ def measure(decider: Decider, args, q: int, n: int, sync) -> dict:
     print(f"Q = {q}, {n} document(s) per forward: {row['forward_ms']} ms ({per_document}){graph}")
     for step, ms in row["steps_ms"].items():
         print(f"  {step:26s} {ms:8.3f} ms")
+    for table in ("kinds_us", "kernels_us"):
+        for name, us in row.get("profile", {}).get(table, {}).items():
+            print(f"  {name[:60]:60s} {us:10.1f} µs")
     return row
 
 
@@ -155,6 +203,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=40)
     parser.add_argument("--no-forward", action="store_true", help="time the host work alone (see above)")
     parser.add_argument("--documents", type=int, nargs="+", default=[1], help="new documents per forward")
+    parser.add_argument("--profile", action="store_true", help="CUDA: the GPU time by kernel (see above)")
     args = parser.parse_args()
     if args.random_qwen3_06b:
         loaded = random_qwen3_06b(Path(args.tokenizer), args.device, args.dtype or "bfloat16")
