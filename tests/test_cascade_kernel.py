@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from typedlm.ops.kernel_blocks import block_table, block_tokens, capacity, read_capacity, read_table
+from typedlm.ops.kernel_blocks import block_table, block_tokens, capacity
 
 from .conftest import needs_triton
 
@@ -207,27 +207,6 @@ def test_kernel_takes_several_documents(heads, kv_heads, dim):
     assert real.sum() == t_all + real_packed
     assert torch.allclose(got[real], want[real], atol=1e-5)
     assert (got[~real] == 0).all()  # padding rows are written as zeros
-    # the read rows alone (a last layer's): each question's last row and, where it has one, the sibling before it
-    reads_of, packed = [], doc_rows
-    for _, _, own in documents:
-        mine = []
-        for n in own:
-            mine += [packed + n - 2] if n > 2 else []
-            mine.append(packed + n - 1)
-            packed += n
-        reads_of.append(mine)
-    reads = [r for mine in reads_of for r in mine]
-    listed = len(reads) + 3  # and three padding places
-    read_blocks = read_table(
-        [t for t, _, _ in documents], [p for _, p, _ in documents], starts, [len(m) for m in reads_of], listed,
-        tokens, read_capacity(listed, len(documents), tokens),
-    )  # fmt: skip
-    on[5] = torch.from_numpy(read_blocks).to(DEVICE)
-    places = torch.tensor(reads + [doc_rows] * 3).to(DEVICE)
-    gathered = cascade_attention(*on, mask.to(DEVICE), doc_rows, dim**-0.5, reads=places).cpu().double()
-    assert gathered.shape == (listed, heads, dim)
-    assert torch.allclose(gathered[: len(reads)], want[reads], atol=1e-5)
-    assert (gathered[len(reads) :] == 0).all()
 
 
 def test_a_question_reads_the_same_sums_whether_its_document_is_cached_or_new():

@@ -26,7 +26,6 @@ to transformers' SDPA there). This module is plain torch: it knows no model and 
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -74,8 +73,7 @@ class StaticPlan:
       its slices;
     - with `kernel`, the attention runs as `cascade_kernel` (one Triton launch per layer): `blocks` is then its
       table of rows per program (`kernel_blocks`), `own_mask` is [G, S, S], and `own_rows`, `own_bias`,
-      `longest` are unused (`write_slots` too, but where it `gather`s, see `gathered`); `read_blocks` is its
-      table for the `out_rows` alone (`kernel_blocks.read_table`).
+      `write_slots`, `longest` are unused.
     """
 
     kv: torch.Tensor
@@ -95,14 +93,6 @@ class StaticPlan:
     # forward not captured as a graph knows them; None: bounded by the whole forward's)
     out_rows: torch.Tensor | None = None  # the rows whose hidden states the forward reads: where given, the body
     # may return these alone, in this order (its last layer then finishes no other row)
-    read_blocks: torch.Tensor | None = None  # with `kernel`: its table for `out_rows` alone (`read_table`)
-    gather: bool = False  # this layer's attention returns the `out_rows` alone (the last layer's, see
-    # `layer_forwards`): every row's keys and values are stored, only those rows attend
-
-    def gathered(self) -> StaticPlan:
-        """This plan for a layer whose attention output is read at `out_rows` only."""
-        assert self.out_rows is not None and (self.read_blocks is not None or not self.kernel)
-        return dataclasses.replace(self, gather=True)
 
 
 def kernel_available() -> bool:
@@ -312,24 +302,7 @@ def _store(buffer: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor) -> Non
 
 
 def _static_cascade(layer: int, query, key, value, plan: StaticPlan, scale: float) -> torch.Tensor:
-    """query: [1, H, R, D]; key/value: [1, Hkv, R, D], this forward's rows only. Returns [1, R, H, D] (with
-    `plan.gather`: [1, len(out_rows), H, D])."""
-    if plan.gather:  # only the read rows attend: their attention alone [1, len(out_rows), H, D]
-        if not plan.kernel:
-            everything = dataclasses.replace(plan, gather=False)
-            return _static_cascade(layer, query, key, value, everything, scale)[:, plan.out_rows]
-        from typedlm.ops import cascade_kernel
-
-        kbuf, vbuf = plan.kv[layer, 0], plan.kv[layer, 1]
-        q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # [R, H|Hkv, D]
-        tb = plan.doc_rows
-        if tb:  # the document rows' keys and values, which their own programs would have stored
-            _store(kbuf, plan.write_slots, k[:tb])
-            _store(vbuf, plan.write_slots, v[:tb])
-        out = cascade_kernel.cascade_attention(
-            q, k, v, kbuf, vbuf, plan.read_blocks, plan.row_slot, plan.own_mask, tb, scale, plan.out_rows
-        )
-        return out[None]
+    """query: [1, H, R, D]; key/value: [1, Hkv, R, D], this forward's rows only. Returns [1, R, H, D]."""
     kbuf, vbuf = plan.kv[layer, 0], plan.kv[layer, 1]  # [C, Hkv, D]
     q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # [R, H|Hkv, D]
     tb, heads, dim = plan.doc_rows, q.shape[1], q.shape[2]
@@ -378,8 +351,7 @@ def cascade(
     scaling: float | None = None,
 ) -> torch.Tensor:
     """Layer `layer`'s attention under `plan`. Dynamic plan: query [1, H, N, D], key/value [1, Hkv, P + N, D] (the
-    cache already holds the new rows). Static plan: key/value hold this forward's rows only. Returns [1, N, H, D]
-    (a static plan that `gather`s: its `out_rows` alone)."""
+    cache already holds the new rows). Static plan: key/value hold this forward's rows only. Returns [1, N, H, D]."""
     if isinstance(plan, StaticPlan):
         return _static_cascade(layer, query, key, value, plan, scaling or query.shape[-1] ** -0.5)
     heads, rows, dim = query.shape[1], query.shape[2], query.shape[3]

@@ -18,13 +18,8 @@ so one captured graph serves every forward of its padded sizes:
   (their ancestors and themselves).
 
 Key blocks that every row of a program sees run without masks; only the causal edge, the buffer's end and the
-question's own rows are masked. This is exactly softmax attention over the union of those keys.
-
-With `reads` (a layer whose output is read at those rows only: the model's last, see `kernel_blocks.read_table`)
-the programs take rows of that list instead, each row seeing what it sees in the whole launch, and the output
-holds those rows alone, in the list's order. No document row runs: their keys and values are stored apart.
-
-Without a GPU the kernel runs in Triton's interpreter (`TRITON_INTERPRET=1`), which the tests use.
+question's own rows are masked. This is exactly softmax attention over the union of those keys. Without a GPU
+the kernel runs in Triton's interpreter (`TRITON_INTERPRET=1`), which the tests use.
 """
 
 from __future__ import annotations
@@ -141,7 +136,6 @@ def _cascade_kernel(
     BLOCKS,  # int64 [programs, 8]: each program's rows (see kernel_blocks)
     ROW_SLOT,  # int64 [N]: each packed row's question g and place s in it, as g·S + s
     MASK,  # bool [G, S, S]: own_mask
-    READS,  # with GATHERED: int64 [n] the rows of the forward the programs take (OUT holds those rows alone)
     stride_qr,
     stride_qh,
     stride_bc,
@@ -162,7 +156,6 @@ def _cascade_kernel(
     TOKENS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr,  # of the matrix products: "ieee" keeps float32 inputs in float32 (no TF32)
-    GATHERED: tl.constexpr,  # the blocks' rows are places in READS (see `kernel_blocks.read_table`)
 ):
     entry = BLOCKS + tl.program_id(0) * 8
     kvh = tl.program_id(1)
@@ -181,29 +174,22 @@ def _cascade_kernel(
     d = tl.arange(0, DIM)
     d_ok = d < HEAD_DIM
     n = tl.arange(0, BLOCK_N)
-    row = first + token  # of the forward, and of OUT; with GATHERED, a place in READS (and OUT)
-    source = row  # the row of the forward
-    if GATHERED:
-        source = tl.load(READS + row, mask=token < real, other=0).to(tl.int32)
+    row = first + token
     row_ok = (token < real) & head_ok
     stored = (token < stored_rows) & head_ok  # padding rows get zeros
     live = real > 0  # the block has a real row
     zero = real * 0
     if packed_block:  # packed rows: the prefix, the whole document, then the rows of their own question
-        packed = source - doc_rows
+        packed = row - doc_rows
         place = tl.load(ROW_SLOT + packed, mask=token < real, other=0).to(tl.int32)
         segment = place // width
         last_key = p + t - 1 + zero * row
         all_see = tl.where(live, p + t, zero)  # the whole sequence: the cached prefix and the document
         any_see = all_see
-        if GATHERED:  # read rows of any questions of the document: from the first one's question to the last row
-            own_first = tl.min(tl.where(token < real, packed - place % width, 1 << 30), 0)
-            own_start = tl.where(live, own_first, zero)
-            own_end = tl.where(live, tl.max(tl.where(token < real, packed + 1, 0), 0), own_start)
-        else:  # ancestors come first: the block's own keys start at its first row's question, end at its last row
-            first_packed = first - doc_rows
-            own_start = first_packed - tl.load(ROW_SLOT + first_packed, mask=live, other=0).to(tl.int32) % width
-            own_end = tl.where(live, first_packed + real, own_start)
+        # ancestors come first: the block's own keys start at its first row's question, end at its last row
+        first_packed = first - doc_rows
+        own_start = first_packed - tl.load(ROW_SLOT + first_packed, mask=live, other=0).to(tl.int32) % width
+        own_end = tl.where(live, first_packed + real, own_start)
     else:  # document rows: row i of its document sees the cached prefix and the document's [0, i]
         local = first - doc_first
         last_key = p + local + token
@@ -219,7 +205,7 @@ def _cascade_kernel(
         tl.store(KB + target, tl.load(KR + key_source, mask=at), mask=at)
         tl.store(VB + target, tl.load(VR + value_source, mask=at), mask=at)
     q = tl.load(
-        Q + source[:, None] * stride_qr + head[:, None] * stride_qh + d[None, :],
+        Q + row[:, None] * stride_qr + head[:, None] * stride_qh + d[None, :],
         mask=row_ok[:, None] & d_ok[None, :],
         other=0.0,
     )
@@ -263,7 +249,6 @@ def cascade_attention(
     own_mask: torch.Tensor,
     doc_rows: int,
     scale: float,
-    reads: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of every row of a static forward, in one launch; `StaticPlan`'s layout (see `attention`).
 
@@ -273,9 +258,6 @@ def cascade_attention(
     for `kernel_blocks.block_tokens(H / Hkv)` tokens per block; row_slot: int64 [N] each real packed row's
     question g and place s as g·S + s (questions are runs of consecutive rows); own_mask: bool [G, S, S] place
     i of question g sees place j. Returns out [R, H, D]: padding rows are 0.
-
-    With `reads` (int64 [n], rows of the forward; `blocks` then from `kernel_blocks.read_table`): the attention of
-    those rows alone, out [n, H, D]. Nothing is written to the buffer (store the document rows' keys apart).
     """
     heads, head_dim = q.shape[1:]
     kv_heads = kbuf.shape[1]
@@ -284,15 +266,14 @@ def cascade_attention(
         assert x.stride(-1) == 1, "the head dimension must be contiguous"
     assert kbuf.stride() == vbuf.stride()
     assert blocks.dim() == 2 and blocks.shape[1] == kernel_blocks.FIELDS and blocks.is_contiguous()
-    rows = reads.shape[0] if reads is not None else q.shape[0]
-    out = torch.empty((rows, *q.shape[1:]), dtype=q.dtype, device=q.device)  # every row written (padding: 0)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # every row is written (padding rows: 0)
     _cascade_kernel[(blocks.shape[0], kv_heads)](
-        q, kbuf, vbuf, k, v, out, blocks, row_slot, own_mask, reads if reads is not None else blocks,
+        q, kbuf, vbuf, k, v, out, blocks, row_slot, own_mask,
         *q.stride()[:2], *kbuf.stride()[:2], *k.stride()[:2], *v.stride()[:2], *out.stride()[:2],
         doc_rows, own_mask.shape[-1], scale * LOG2E,
         HEAD_DIM=head_dim, DIM=triton.next_power_of_2(head_dim), GROUPS=groups,
         GROUP_ROWS=kernel_blocks.group_rows(groups), TOKENS=kernel_blocks.block_tokens(groups),
         BLOCK_N=KEY_BLOCK, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        GATHERED=reads is not None, num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+        num_warps=NUM_WARPS, num_stages=NUM_STAGES,
     )  # fmt: skip
     return out

@@ -18,11 +18,6 @@ blocks are data: a row per program, `FIELDS` integers,
 
 Rows past `real rows` of every block, and whole rows of the table past the blocks used, are padding. Blocks
 are listed with the most keys first, so the longest programs start first.
-
-A layer whose output is read at a few rows only (the model's last: its read rows) runs over those rows alone
-(`read_table`): its blocks list rows of the forward's list of read rows instead (first row: the block's first
-place in that list), each block the reads of one document, which see that document's keys and their own
-question's rows.
 """
 
 from __future__ import annotations
@@ -51,46 +46,6 @@ def capacity(doc_rows: int, packed_rows: int, documents: int, tokens: int) -> in
     """Table rows enough for any forward of these padded sizes: each document may end one block short, and
     each kind's padding takes blocks of its own."""
     return -(-doc_rows // tokens) + -(-packed_rows // tokens) + 2 * documents + 2
-
-
-def read_capacity(read_rows: int, documents: int, tokens: int) -> int:
-    """Table rows enough for `read_table` over a list of `read_rows` rows (padding included)."""
-    return -(-read_rows // tokens) + documents + 1
-
-
-def read_table(
-    doc_lengths: Sequence[int],
-    cached: Sequence[int],
-    key_starts: Sequence[int],
-    reads: Sequence[int],
-    read_rows: int,
-    tokens: int,
-    rows: int,
-) -> np.ndarray:
-    """The table [rows, FIELDS] (int64) for an attention over a forward's read rows alone: document b (of
-    `doc_lengths` new rows after `cached` keys, its buffer range from `key_starts`) has `reads[b]` of them, after
-    the documents' before it in the list; the list is padded to `read_rows` (blocks that write zeros).
-    `rows`: the table's size (see `read_capacity`)."""
-    lengths = np.asarray(doc_lengths, dtype=np.int64)
-    counts = np.asarray(reads, dtype=np.int64)
-    n = int(counts.sum())
-    assert n <= read_rows, "more reads than the list holds"
-    owner, first, real = _split(counts, tokens)
-    table = np.empty((len(owner), FIELDS), dtype=np.int64)
-    table[:, 0] = (np.cumsum(counts) - counts)[owner] + first
-    table[:, 1] = table[:, 2] = real
-    table[:, 3], table[:, 4] = (np.cumsum(lengths) - lengths)[owner], lengths[owner]
-    table[:, 5] = np.asarray(key_starts, dtype=np.int64)[owner]
-    table[:, 6] = np.asarray(cached, dtype=np.int64)[owner]
-    table[:, 7] = 1
-    table = table[np.argsort(-(table[:, 6] + table[:, 4]), kind="stable")]  # the most keys first
-    padding = _padding(n, read_rows, tokens)
-    padding[:, 7] = 1
-    blocks = np.concatenate([table, padding])
-    assert len(blocks) <= rows, f"{len(blocks)} blocks for a table of {rows}"
-    out = np.zeros((rows, FIELDS), dtype=np.int64)
-    out[: len(blocks)] = blocks
-    return out
 
 
 def _split(lengths: np.ndarray, tokens: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

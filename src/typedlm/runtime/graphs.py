@@ -158,10 +158,7 @@ class StaticRunner:
         )
         if self.attention_kernel:
             blocks = f("blocks").view(-1, kernel_blocks.FIELDS)
-            read_blocks = f("read_blocks").view(-1, kernel_blocks.FIELDS)
-            plan = StaticPlan(
-                **common, own_mask=own_mask, own_bias=None, kernel=True, blocks=blocks, read_blocks=read_blocks
-            )
+            plan = StaticPlan(**common, own_mask=own_mask, own_bias=None, kernel=True, blocks=blocks)
         else:
             own_mask = own_mask[:, None].repeat(1, 1, self.heads // self.kv_heads, 1)  # [G, 1, groups·S, S]
             bias = additive(own_mask, self.dtype)

@@ -89,15 +89,11 @@ def _attention(
     sliding_window: int | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
-    """transformers' attention interface around `cascade`: SDPA where there is no plan or a sliding window (a
-    static plan that `gather`s gets its `out_rows` alone either way)."""
+    """transformers' attention interface around `cascade`: SDPA where there is no plan or a sliding window."""
     if typedlm_plan is None or sliding_window is not None:
-        out, weights = sdpa_attention_forward(
+        return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
-        if getattr(typedlm_plan, "gather", False):  # [B, L, H, D]: the read rows alone, as the cascade gives them
-            out = out[:, typedlm_plan.out_rows]
-        return out, weights
     return cascade(module.layer_idx, query, key, value, typedlm_plan, scaling), None
 
 

@@ -5,10 +5,8 @@ chain several of them, so that the chain runs as fewer kernels:
 
 - a pre-norm decoder layer's residual adds run fused with the norms that read their sums
   (`fuse_residual_norms`; the last add of a layer hands its normed rows to the next layer's input norm). The
-  model's last layer, given a plan with `out_rows` (the rows the forward reads), finishes only those rows: no
-  other row's output is read. Where its attention is the fused one below, that attention itself runs for those
-  rows alone (every row's keys and values still stored, see `StaticPlan.gather`), and so does its output
-  projection; elsewhere the rows are taken after the attention;
+  model's last layer, given a plan with `out_rows` (the rows the forward reads), finishes only those rows after
+  its attention: no other row's output is read, and every row's keys and values are written by then;
 - an attention that norms each head of its queries and keys and then rotates them (Qwen3's `q_norm` and
   `k_norm`) runs the two norms and the rotary embedding as one kernel (`fuse_norm_rope`), reading each head's
   row once where it lies in the joined q/k/v product and writing it once.
@@ -23,7 +21,6 @@ device, an attention implementation other than SDPA or the cascade) runs the mod
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 
 import torch
@@ -33,7 +30,6 @@ from typedlm.runtime import hf
 
 PROBE_ROWS = 8  # rows of the random inputs a candidate is checked on
 WRAPPED = "_typedlm_fused"  # marks a forward or rotary function already swapped (its value: the ops' name)
-GATHERS = "_typedlm_gathers"  # marks an attention forward that honours `StaticPlan.gather`
 
 
 def probe(shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
@@ -143,16 +139,10 @@ def _residual_forward(
     def forward(hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         if args or not ops.runs_on(hidden_states):  # positional arguments: the layer's own order, its own forward
             return original(hidden_states, *args, **kwargs)
-        plan = kwargs.get(hf.PLAN_KEYWORD)
-        out_rows = getattr(plan, "out_rows", None) if last else None
-        # the fused attention returns the rows read after this layer alone, where the plan asks it to
-        gathers = out_rows is not None and getattr(layer.self_attn.forward, GATHERS, False)
-        if gathers:
-            kwargs = {**kwargs, hf.PLAN_KEYWORD: plan.gathered()}
         attention, *_ = layer.self_attn(hidden_states=layer.input_layernorm(hidden_states), **kwargs)
+        out_rows = getattr(kwargs.get(hf.PLAN_KEYWORD), "out_rows", None) if last else None
         if out_rows is not None:  # the rows read after this layer: the others' MLP would be thrown away
-            attention = attention if gathers else attention[:, out_rows]
-            hidden_states = hidden_states[:, out_rows]
+            attention, hidden_states = attention[:, out_rows], hidden_states[:, out_rows]
         residual, normed = ops.add_rms_norm(attention, hidden_states, post.weight, post_eps)
         out = layer.mlp(normed)
         if next_norm is None:
@@ -252,8 +242,7 @@ def _norm_rope_attention(
         attention, q, k, v, attention_mask, dropout=0.0, scaling=attention.scaling,
         sliding_window=getattr(attention, "sliding_window", None), **kwargs,
     )  # fmt: skip
-    # [B, L or the gathered rows, H, D]
-    return attention.o_proj(out.reshape(*out.shape[:2], -1).contiguous()), weights
+    return attention.o_proj(out.reshape(*input_shape, -1).contiguous()), weights
 
 
 def _norm_rope_forward(attention: torch.nn.Module, original: Callable, ops: FusedOps) -> Callable:
@@ -268,17 +257,10 @@ def _norm_rope_forward(attention: torch.nn.Module, original: Callable, ops: Fuse
             or attention.training
             or not ops.runs_on(hidden_states)
         ):
-            plan = kwargs.get(hf.PLAN_KEYWORD)
-            if not getattr(plan, "gather", False):
-                return original(hidden_states, position_embeddings, attention_mask, *args, **kwargs)
-            # the module's own forward shapes its output by its input: every row, then the read rows taken
-            kwargs = {**kwargs, hf.PLAN_KEYWORD: dataclasses.replace(plan, gather=False)}
-            out, *rest = original(hidden_states, position_embeddings, attention_mask, *args, **kwargs)
-            return (out[:, plan.out_rows], *rest)
+            return original(hidden_states, position_embeddings, attention_mask, *args, **kwargs)
         rest = {name: value for name, value in kwargs.items() if name not in hf.CACHE_KEYWORDS}
         return _norm_rope_attention(attention, ops, interface, hidden_states, position_embeddings, attention_mask, rest)
 
-    setattr(forward, GATHERS, True)
     return forward
 
 

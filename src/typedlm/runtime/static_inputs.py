@@ -42,14 +42,6 @@ class Document:
     base: object | None = None
 
 
-def reads_per_document(batch: PackedBatch, packed_rows: Sequence[int]) -> np.ndarray:
-    """How many of the batch's read rows are each document's (documents own `packed_rows` packed rows each, in
-    order); a document's reads follow the documents' before it in the list."""
-    owner = np.searchsorted(np.cumsum(packed_rows), batch.read_rows, side="right")
-    assert np.all(np.diff(owner) >= 0), "each document's reads follow the documents' before it"
-    return np.bincount(owner, minlength=len(packed_rows))
-
-
 def bucket(n: int, minimum: int = 16) -> int:
     """`n` rounded up to one of four steps per power of two (≤ 25% padding), at least `minimum`; 0 stays 0.
 
@@ -114,14 +106,12 @@ class Shape:
         blocks = (
             kernel_blocks.capacity(self.doc_rows, self.packed_rows, self.documents, block_tokens) if block_tokens else 0
         )
-        read_blocks = kernel_blocks.read_capacity(self.read_rows, self.documents, block_tokens) if block_tokens else 0
         return {
             "input_ids": rows,
             "position_ids": rows,
             "write_slots": self.doc_rows,
             "cu": 3 * (self.documents + 1) + 2,  # cu_doc, cu_keys, cu_packed, (real packed rows, 0)
             "blocks": kernel_blocks.FIELDS * blocks,
-            "read_blocks": kernel_blocks.FIELDS * read_blocks,  # the table for the read rows alone (`read_table`)
             "own_rows": g * s,
             "own_mask": g * s * s // 64,  # bits, 64 per word (the width is a multiple of 8)
             "row_slot": self.packed_rows,
@@ -189,18 +179,16 @@ class Slot:
         else:
             self._fill_documents(documents, starts)
         if self.block_tokens:
-            lengths, cached = [len(document.ids) for document in documents], [document.cached for document in documents]
-            packed_rows = [document.packed_rows for document in documents]
             self.host_field("blocks")[:] = kernel_blocks.block_table(
-                lengths, cached, starts, packed_rows, tb, shape.packed_rows, self.block_tokens,
+                [len(document.ids) for document in documents],
+                [document.cached for document in documents],
+                starts,
+                [document.packed_rows for document in documents],
+                tb,
+                shape.packed_rows,
+                self.block_tokens,
                 len(self.host_field("blocks")) // kernel_blocks.FIELDS,
-            ).ravel()  # fmt: skip
-            # the layout is the questions', whatever documents they belong to: the split is part of the key
-            reads = batch.memo(("reads", *packed_rows), lambda: reads_per_document(batch, packed_rows))
-            self.host_field("read_blocks")[:] = kernel_blocks.read_table(
-                lengths, cached, starts, reads, shape.read_rows, self.block_tokens,
-                len(self.host_field("read_blocks")) // kernel_blocks.FIELDS,
-            ).ravel()  # fmt: skip
+            ).ravel()
         input_ids[tb : tb + n] = batch.input_ids
         positions[tb : tb + n] = batch.position_ids
         self.arena.copy_(self.host_tensor, non_blocking=True)
