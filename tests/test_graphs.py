@@ -152,14 +152,23 @@ def test_documents_in_one_static_forward_equal_each_alone(family, kernel, tokeni
                 assert torch.allclose(k, wk, atol=1e-5) and torch.allclose(v, wv, atol=1e-5)
 
 
-@pytest.mark.parametrize("family", ["qwen3", "llama"])
-def test_the_last_layer_finishes_only_the_read_rows(family, tokenizer):
+@pytest.mark.parametrize(
+    "family, kernel",
+    [
+        ("qwen3", False),
+        ("llama", False),
+        pytest.param("qwen3", True, marks=[needs_triton, on_cpu]),
+        pytest.param("llama", True, marks=[needs_triton, on_cpu]),
+    ],
+)
+def test_the_last_layer_finishes_only_the_read_rows(family, kernel, tokenizer):
     """With the layers' fused forwards (here the plain-torch reference operations, which run on a CPU), the static
     forward's last layer runs its MLP on the read rows only, and the answers and prefixes stay the dynamic run's."""
     model = tiny_model(family, len(tokenizer), seed=7)
     report = fuse(model, reference_ops())
     assert report.residual_norms == len(model.model.layers)
-    dynamic, static = Engine(model), Engine(model, EngineOptions(cuda_graphs=True))
+    dynamic, static = Engine(model), Engine(model, EngineOptions(cuda_graphs=True, attention_kernel=kernel))
+    assert static.forward.runner.attention_kernel == kernel
     mlp_rows: list[int] = []
     hook = model.model.layers[-1].mlp.register_forward_hook(lambda _m, args, _o: mlp_rows.append(args[0].shape[1]))
     system = dynamic.snapshot(*dynamic.prefill([11, 23, 45, 67, 89]))
