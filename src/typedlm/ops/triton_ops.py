@@ -29,6 +29,7 @@ import triton.language as tl
 
 COLUMNS_PER_PROGRAM = 1024
 ELEMENTS_PER_PROGRAM = 4096  # rms_norm: rows per program × the row's length rounded up to a power of two
+NUM_WARPS = 4  # of every program here (Triton's default); benchmarks/kernel_rates.py times these three settings
 
 
 @triton.jit
@@ -48,7 +49,9 @@ def silu_mul_joined(h: torch.Tensor) -> torch.Tensor:
     rows = h.reshape(-1, 2 * columns)  # a view for the contiguous outputs of a matrix product
     out = torch.empty(rows.shape[0], columns, dtype=h.dtype, device=h.device)
     grid = (rows.shape[0], triton.cdiv(columns, COLUMNS_PER_PROGRAM))
-    _silu_mul_joined_kernel[grid](rows, out, columns, rows.stride(0), out.stride(0), BLOCK=COLUMNS_PER_PROGRAM)
+    _silu_mul_joined_kernel[grid](
+        rows, out, columns, rows.stride(0), out.stride(0), BLOCK=COLUMNS_PER_PROGRAM, num_warps=NUM_WARPS
+    )
     return out.view(*h.shape[:-1], columns)
 
 
@@ -99,7 +102,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     grid, per_program, block = _row_blocks(outer * inner, columns)
     _rms_norm_kernel[grid](
         grid_rows, weight, out, outer * inner, inner, columns, *grid_rows.stride()[:2], eps,
-        ROWS=per_program, COLUMNS=block,
+        ROWS=per_program, COLUMNS=block, num_warps=NUM_WARPS,
     )  # fmt: skip
     return out
 
@@ -132,7 +135,7 @@ def add_rms_norm(
     grid, per_program, block = _row_blocks(xs.shape[0], columns)
     _add_rms_norm_kernel[grid](
         xs, rs, weight, total, out, xs.shape[0], columns, xs.stride(0), rs.stride(0), eps,
-        ROWS=per_program, COLUMNS=block,
+        ROWS=per_program, COLUMNS=block, num_warps=NUM_WARPS,
     )  # fmt: skip
     return total, out
 
@@ -222,7 +225,7 @@ def norm_rope(
     _norm_rope_kernel[grid](
         qs, ks, q_weight, k_weight, q_out, k_out, cos, sin, q_rows, k_rows, heads, kv_heads, half,
         *qs.stride()[:2], *ks.stride()[:2], cos.stride(0), sin.stride(0), eps,
-        ROWS=rows_per_program, HALF=triton.next_power_of_2(half),
+        ROWS=rows_per_program, HALF=triton.next_power_of_2(half), num_warps=NUM_WARPS,
     )  # fmt: skip
     return q_out.transpose(1, 2), k_out.transpose(1, 2)
 
