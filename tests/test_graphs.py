@@ -18,6 +18,13 @@ from typedlm.text.labels import LabelSet
 from .conftest import needs_triton, tiny_model
 
 on_cpu = pytest.mark.skipif(torch.cuda.is_available(), reason="Triton runs CPU tensors only in its interpreter")
+# model families, each with the attention as torch's kernels and as the cascade kernel (Triton's interpreter)
+FAMILIES_AND_KERNEL = [
+    ("qwen3", False),
+    ("llama", False),
+    pytest.param("qwen3", True, marks=[needs_triton, on_cpu]),
+    pytest.param("llama", True, marks=[needs_triton, on_cpu]),
+]
 LABELS = LabelSet.build([[(5, 7)], [(5, 8)], [(9,)], [(10,), (11,)]])
 
 
@@ -74,15 +81,7 @@ def test_ranges_attention_equals_the_masked_computation(causal):
     assert torch.allclose(lse[:9], want_lse[0].T, atol=1e-6)
 
 
-@pytest.mark.parametrize(
-    "family, kernel",
-    [
-        ("qwen3", False),
-        ("llama", False),
-        pytest.param("qwen3", True, marks=[needs_triton, on_cpu]),
-        pytest.param("llama", True, marks=[needs_triton, on_cpu]),
-    ],
-)
+@pytest.mark.parametrize("family, kernel", FAMILIES_AND_KERNEL)
 def test_static_run_equals_the_dynamic_run(family, kernel, tokenizer):
     model = tiny_model(family, len(tokenizer), seed=3)
     dynamic, static = Engine(model), Engine(model, EngineOptions(cuda_graphs=True, attention_kernel=kernel))
@@ -152,15 +151,7 @@ def test_documents_in_one_static_forward_equal_each_alone(family, kernel, tokeni
                 assert torch.allclose(k, wk, atol=1e-5) and torch.allclose(v, wv, atol=1e-5)
 
 
-@pytest.mark.parametrize(
-    "family, kernel",
-    [
-        ("qwen3", False),
-        ("llama", False),
-        pytest.param("qwen3", True, marks=[needs_triton, on_cpu]),
-        pytest.param("llama", True, marks=[needs_triton, on_cpu]),
-    ],
-)
+@pytest.mark.parametrize("family, kernel", FAMILIES_AND_KERNEL)
 def test_the_last_layer_finishes_only_the_read_rows(family, kernel, tokenizer):
     """With the layers' fused forwards (here the plain-torch reference operations, which run on a CPU), the static
     forward's last layer runs its MLP on the read rows only, and the answers and prefixes stay the dynamic run's."""
