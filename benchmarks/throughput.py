@@ -32,7 +32,10 @@ worker's `gather_gap_s`; 0 turns it off). --switch-interval sets Python's
 thread switch interval for a row (the threads preparing, launching and finishing share one interpreter lock).
 --warmup sets the requests each client sends before a cell is measured (graphs of the batch shapes they meet are
 captured then; "graphs" is how many shapes the engine holds after the cell, "(+n)" the graphs captured while it was
-measured: each holds up the forwards behind it). Prints a table, writes JSON and a
+measured: each holds up the forwards behind it). On CUDA with `nvidia-smi`, each cell also carries the GPU's SM
+clock while it ran, its warm-up included (the median, and the lowest in parentheses; `sm_mhz`, `sm_mhz_min` and
+`power_w` in the JSON, see `gpu_clocks.py`): under load the chip runs at its power cap, and a slow spell shows there
+as a lower clock. Prints a table, writes JSON and a
 PNG plot, and ends with one JSON line.
 
     python benchmarks/throughput.py                                   # CPU, the embedded model
@@ -63,6 +66,7 @@ from typedlm.server.settings import ServerSettings
 from typedlm.server.worker import GATHER_GAP_S, HOST_THREADS, PIPELINE_DEPTH, ModelWorker
 
 sys.path.insert(0, str(Path(__file__).parent))
+from gpu_clocks import GpuClocks
 from latency import add_model_arguments, load_benchmark_model, make_questions, make_state
 
 RESULTS = Path(__file__).parent / "results"
@@ -402,21 +406,23 @@ def measure(
                 for batching, depth, gap, switch, host_threads, clients, (attention, each) in cells:
                     sys.setswitchinterval(switch or default_switch)
                     per_client = max(2, args.requests // clients)
-                    if path == "in_process":
-                        row = in_process(
-                            each, documents, questions, clients, per_client, batching, host_threads, depth, args.warmup,
-                            gap,
-                        )  # fmt: skip
-                    elif path == "model_process":
-                        row = through_model_process(
-                            models.get(attention, batching), documents, questions, clients, per_client, args.warmup
-                        )
-                    else:
-                        model = models.get(attention, batching) if path == "http_model_process" else None
-                        row = over_http(
-                            each, model, documents, wire, clients, per_client, batching, args.warmup,
-                            args.client_processes,
-                        )  # fmt: skip
+                    with GpuClocks(args.device) as clocks:
+                        if path == "in_process":
+                            row = in_process(
+                                each, documents, questions, clients, per_client, batching, host_threads, depth,
+                                args.warmup, gap,
+                            )  # fmt: skip
+                        elif path == "model_process":
+                            row = through_model_process(
+                                models.get(attention, batching), documents, questions, clients, per_client, args.warmup
+                            )
+                        else:
+                            model = models.get(attention, batching) if path == "http_model_process" else None
+                            row = over_http(
+                                each, model, documents, wire, clients, per_client, batching, args.warmup,
+                                args.client_processes,
+                            )  # fmt: skip
+                    row.update(clocks.summary())
                     flops = 2 * params * row["tokens_per_s"]
                     row.update(
                         workload=workload, prefix_tokens=prefix_tokens, questions=q, path=path, attention=attention,
@@ -431,11 +437,13 @@ def measure(
                     if row.get("captured"):  # graphs captured while the cell was measured (their time counts)
                         graphs = f"{graphs} (+{row['captured']})"
                     per_doc = f"{row['gpu_ms_per_doc']:.2f}" if row.get("gpu_ms_per_doc") else "-"
+                    mhz = f"{row['sm_mhz']:.0f} (≥ {row['sm_mhz_min']:.0f})" if row.get("sm_mhz") else "-"
                     print(
                         f"| {workload} | {q} | {path} | {attention} | {'on' if batching else 'off'} | {depth} | "
                         f"{1000 * gap:g} | {1000 * sys.getswitchinterval():g} | {host_threads} | "
                         f"{clients} | {row['docs_per_s']:.1f} | {row['questions_per_s']:.0f} | {row['p50_ms']:.1f} | "
-                        f"{row['p99_ms']:.1f} | {row['mean_batch']:.1f} | {share} | {gpu} | {per_doc} | {graphs} |",
+                        f"{row['p99_ms']:.1f} | {row['mean_batch']:.1f} | {share} | {gpu} | {per_doc} | {graphs} | "
+                        f"{mhz} |",
                         flush=True,
                     )
     sys.setswitchinterval(default_switch)
@@ -509,10 +517,10 @@ def main() -> None:
     columns = " | ".join(
         ("workload", "Q", "path", "attention", "batching", "pipeline", "gather ms", "switch ms", "host threads",
          "clients", "docs/s", "questions/s", "p50 ms", "p99 ms", "mean batch", "of matrix rate", "GPU busy",
-         "GPU ms/doc", "graphs")
+         "GPU ms/doc", "graphs", "SM MHz")
     )  # fmt: skip
     print(f"| {columns} |")
-    print("|---|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     with ModelProcesses(args, decider) as model_processes:
         rows = measure(args, deciders, params, peak, model_processes)
     report = {
