@@ -178,3 +178,21 @@ def test_the_last_layer_finishes_only_the_read_rows(family, kernel, tokenizer):
     for (ids, packed, base), (masses, _) in zip(documents, static.run_many(documents, False), strict=True):
         alone, _ = dynamic.run(ids, packed, base)
         assert max(abs(a - b) for g, w in zip(masses, alone, strict=True) for a, b in zip(g, w, strict=True)) < 1e-6
+
+
+def test_read_rows_as_many_as_the_forwards_rows_are_still_read_right(tokenizer):
+    """A cached document (no new rows) and a question whose label tree is nearly all its rows: the read rows fill
+    the forward's bucket of rows. The last layer then has nothing to leave out, and the runner must not take the
+    read rows a second time from rows already taken."""
+    model = tiny_model("qwen3", len(tokenizer), seed=7)
+    fuse(model, reference_ops())
+    dynamic, static = Engine(model), Engine(model, EngineOptions(cuda_graphs=True))
+    system = dynamic.snapshot(*dynamic.prefill([11, 23, 45, 67, 89]))
+    labels = LabelSet.build([[(100 + i, 200 + i)] for i in range(30)])  # 30 options of two tokens: 30 inner nodes
+    packed = [PackedItem([300, 301], labels)]
+    batch = pack(system.length, packed)
+    assert bucket(len(batch.read_rows)) == bucket(batch.n_rows)  # 31 reads of 32 rows: one bucket
+    want, _ = dynamic.run([], packed, system)
+    got, _ = static.run([], packed, system)
+    # masses of two-token labels in a random model are ~1e-11: compared relative to their size
+    assert max(abs(a - b) / b for g, w in zip(got, want, strict=True) for a, b in zip(g, w, strict=True)) < 1e-4

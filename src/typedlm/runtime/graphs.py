@@ -144,8 +144,12 @@ class StaticRunner:
         own_mask = (bits & 1).bool().view(shape.segments, shape.width, shape.width)  # [G, S, S]
         ranges = shape.documents + 1
         read_rows = f("read_rows")
+        rows = shape.doc_rows + shape.packed_rows
+        # the last layer may finish the read rows alone (see below); where they are as many as the forward's rows
+        # there is nothing to leave out, and an output of either kind would have the same length
+        out_rows = read_rows + shape.doc_rows if shape.read_rows < rows else None
         common = dict(
-            out_rows=read_rows + shape.doc_rows,
+            out_rows=out_rows,
             kv=self.kv,
             doc_rows=shape.doc_rows,
             write_slots=f("write_slots"),
@@ -163,10 +167,12 @@ class StaticRunner:
             own_mask = own_mask[:, None].repeat(1, 1, self.heads // self.kv_heads, 1)  # [G, 1, groups·S, S]
             bias = additive(own_mask, self.dtype)
             plan = StaticPlan(**common, own_mask=own_mask, own_bias=bias, longest=shape.longest)
-        input_ids = f("input_ids")[None]
-        hidden = hf.run_body(self.body, input_ids, f("position_ids")[None], plan=plan, attention_mask=self.masks)
-        # [Rr, D]: the read rows, gathered by the last layer (`plan.out_rows`) where its forward is the fused one
-        hidden = hidden[0] if hidden.shape[1] != input_ids.shape[1] else hidden[0, shape.doc_rows :][read_rows]
+        hidden = hf.run_body(
+            self.body, f("input_ids")[None], f("position_ids")[None], plan=plan, attention_mask=self.masks
+        )
+        # [Rr, D]: the read rows, gathered by the last layer (`plan.out_rows`) where its forward is the fused one;
+        # with `out_rows` the two outputs differ in length (fewer read rows than rows)
+        hidden = hidden[0] if hidden.shape[1] != rows else hidden[0, shape.doc_rows :][read_rows]
         return self.head(hidden)[f("step_read"), f("step_token")]  # [K]
 
     def _slot(self, shape: Shape) -> Slot:
