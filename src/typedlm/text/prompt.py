@@ -230,7 +230,8 @@ class ChatLayout:
         head, rest = rendered.split(_STATE)
         self.head = head  # everything up to the state: system turn, user turn opening, <document>
         self.document_close, self.answer_opening = rest.split(_QUESTION)
-        self.prefix_close = f"{self.document_close}{QUESTION_LEAD}{QUESTION_OPEN}"  # the prefix after the state
+        self.question_opening = f"{QUESTION_LEAD}{QUESTION_OPEN}"  # every suffix's shared start, in the prefix
+        self.prefix_close = f"{self.document_close}{self.question_opening}"  # the prefix after the state
         self.system_ids = self.encode(head)
         self._documents: OrderedDict[tuple[str, str], _Cut] = OrderedDict()  # state or prefix text -> its cut
         self._tail_cache: OrderedDict[tuple[bool, str], tuple[int, ...]] = OrderedDict()  # (anchored, close piece +
@@ -261,7 +262,7 @@ class ChatLayout:
 
     def prefix_text(self, state: Text) -> str:
         """The text every question of a request shares: the document, then the opening of a question block."""
-        return f"{self.head}{self.defuse(render_text(state))}{self.prefix_close}"
+        return f"{self.document_text(state)}{self.question_opening}"
 
     def suffix_text(self, question: Question) -> str:
         with self._lock:
