@@ -115,7 +115,8 @@ def kernel_profile(slot, repeats: int, gpu_ms: float) -> dict:
             kernels[event.key] = kernels.get(event.key, 0.0) + us / repeats
     kinds: dict[str, float] = {}
     for name, us in kernels.items():
-        kinds[kernel_kind(name)] = kinds.get(kernel_kind(name), 0.0) + us
+        kind = kernel_kind(name)
+        kinds[kind] = kinds.get(kind, 0.0) + us
     kinds["idle"] = max(gpu_ms * 1e3 - sum(kernels.values()), 0.0)
     largest = sorted(kernels.items(), key=lambda item: -item[1])[:12]
     return {
