@@ -76,9 +76,7 @@ def main() -> None:
         rows.append(row)
         print("  ".join(f"{k} {v}" for k, v in row.items()))
     meta = {"benchmark": "host_work", "repeats": args.repeats, "new_documents": args.new_documents}
-    meta.update(
-        tokenizer=args.tokenizer or "embedded", cut_holds=next(reversed(layout._documents.values())).tail is not None
-    )
+    meta.update(tokenizer=args.tokenizer or "embedded", cut_holds=layout.cut_holds(state(args.repeats + 2, q)))
     print(json.dumps({**meta, "torch": torch.__version__, "rows": rows}))
 
 

@@ -159,7 +159,7 @@ def test_remembered_documents_and_suffixes_equal_fresh_tokenizations(tokenizer, 
             assert tokenized.prefix_ids + suffix == whole
         assert tokenized.prefix_array.tolist() == tokenized.prefix_ids and not tokenized.prefix_array.flags.writeable
         # the cut held (a byte-level token may start inside a character: then the window check fails safely)
-        assert layout._documents["state", state].tail is not None or not state.isascii()
+        assert layout.cut_holds(state) or not state.isascii()
     assert len(layout._documents) == 3  # the least recently used documents were forgotten
     assert len(layout._tail_cache) == len(QUESTIONS)  # the text after the cut is the same for every document
 
@@ -199,6 +199,7 @@ def test_object_states_and_unhashable_questions_are_remembered_apart(tokenizer):
             whole = layout.encode(layout.prefix_text(state) + layout.suffix_text(question))
             assert tokenized.prefix_ids + suffix == whole
     assert len(layout._documents) == 2
+    assert layout.cut_holds(document) is True and layout.cut_holds({"ticket": 8}) is None
     assert list(layout._suffix_texts) == [QUESTIONS[0]]
 
 
@@ -206,7 +207,7 @@ def test_a_cut_that_fails_its_check_tokenizes_every_prompt_whole(tokenizer, monk
     layout = ChatLayout(tokenizer)
     monkeypatch.setattr(layout, "_tails", lambda texts, anchored=False: [(0,)] * len(texts))  # ids that never match
     tokenized = layout.tokenize("plain text", QUESTIONS)
-    assert layout._documents["state", "plain text"].tail is None
+    assert layout.cut_holds("plain text") is False and layout.cut_holds("never seen") is None
     for question, suffix in zip(QUESTIONS, tokenized.suffix_ids, strict=True):
         whole = layout.encode(layout.prefix_text("plain text") + layout.suffix_text(question))
         assert tokenized.prefix_ids + suffix == whole

@@ -289,10 +289,7 @@ class ChatLayout:
         Safe to call from several threads: the caches are touched under a lock, a new document is tokenized
         outside it (several documents at once, where the tokenizer releases the GIL)."""
         suffixes = [self.suffix_text(question) for question in questions]
-        # a string state is its own key (rendering its prefix text scans it for control strings); an object's
-        # or array's key is its prefix text
-        prefix = None if isinstance(state, str) else self.prefix_text(state)  # rendered once, where needed
-        key = ("state", state) if prefix is None else ("prefix", prefix)
+        key, prefix = self._document_key(state)
         with self._lock:
             cut = self._documents.get(key)
         if cut is None:
@@ -312,6 +309,20 @@ class ChatLayout:
         prompt = TokenizedPrompt(prefix_ids, [list(ids[n:]) for ids in tails], array)
         assert all(prompt.suffix_ids), "every question has at least one token of its own"
         return prompt
+
+    def _document_key(self, state: Text) -> tuple[tuple[str, str], str | None]:
+        """The document cache's key for `state`, and its prefix text where making the key rendered it: a string
+        state is its own key (rendering its prefix text scans it for control strings); an object's or array's key
+        is its prefix text."""
+        prefix = None if isinstance(state, str) else self.prefix_text(state)
+        return (("state", state) if prefix is None else ("prefix", prefix)), prefix
+
+    def cut_holds(self, state: Text) -> bool | None:
+        """Whether `state`'s prompt was cut after the document (each suffix then tokenized alone, the usual case)
+        or is tokenized whole with each question; None for a document not tokenized lately."""
+        with self._lock:
+            cut = self._documents.get(self._document_key(state)[0])
+        return None if cut is None else cut.tail is not None
 
     def _encode_batch(self, texts: list[str], anchored: bool = False) -> list[tuple[int, ...]]:
         """The ids of each text; `anchored`: of the text tokenized behind the anchor, the anchor's id taken off."""
