@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import gc
 import json
 import os
 import pickle
@@ -155,6 +156,21 @@ def test_a_model_that_cannot_load_raises_its_own_error():
         ModelProcess(load_failing, ServerSettings())
     with pytest.raises(ModelError, match=r"exited while loading \(exit code 7\)"):
         ModelProcess(load_crashing, ServerSettings())
+
+
+class FreezeReportingDecider(FakeDecider):
+    """Its counters say how many objects its process had frozen (`server.heap`) when the decider was asked."""
+
+    def stats(self):
+        return {**super().stats(), "gc": {"frozen": gc.get_freeze_count()}}
+
+
+def test_the_model_process_freezes_what_it_loaded_before_it_is_ready():
+    model = ModelProcess(FreezeReportingDecider, ServerSettings())
+    try:  # "ready" carries the counters: the imports and the decider were out of the collector's walks by then
+        assert model.stats()["gc"]["frozen"] > 10_000
+    finally:
+        model.close()
 
 
 def test_admission_and_timeout_hold_across_the_process():

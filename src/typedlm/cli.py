@@ -304,6 +304,7 @@ def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from typedlm.server import create_app
+    from typedlm.server.heap import freeze_start_up_objects
     from typedlm.server.model_process import ModelProcess
     from typedlm.server.protocol import with_head_timeout
 
@@ -331,6 +332,7 @@ def serve(args: argparse.Namespace) -> int:
     auth = f"{len(settings.api_keys)} API key(s)" if settings.api_keys else "auth off"
     print(f"typedlm: serving {name} on http://{args.host}:{args.port} ({auth})", file=sys.stderr, flush=True)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    freeze_start_up_objects()  # this process's imports (and the model, where it is here), out of the collector's walks
     server = uvicorn.Server(
         uvicorn.Config(
             app,

@@ -63,6 +63,7 @@ class Replica:
         from typedlm.decide.decider import Decider
         from typedlm.runtime.catalog import short_names
         from typedlm.server.app import create_app
+        from typedlm.server.heap import freeze_start_up_objects
 
         if not args.on_gpu:
             import torch
@@ -71,6 +72,7 @@ class Replica:
         decider = Decider.load(**args.decider_options())
         self.app = create_app(decider, args.settings(aliases=(*DEFAULT_ALIASES, *short_names(decider.name))))
         self.replica_id = serve.get_replica_context().replica_id.unique_id
+        freeze_start_up_objects()  # the model and its imports, out of the collector's walks
 
     async def __call__(self, request: Forwarded) -> Reply:
         return await run_asgi(self.app, request, self.replica_id)

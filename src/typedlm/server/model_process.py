@@ -45,6 +45,7 @@ from typing import Any
 from typedlm.core.answers import Response
 from typedlm.core.errors import ModelError
 from typedlm.core.questions import Question, Text
+from typedlm.server.heap import freeze_start_up_objects
 from typedlm.server.serving import DeciderLike, InProcessModel, Stats
 from typedlm.server.settings import ServerSettings
 from typedlm.server.status import APIError, error_status, overloaded, timed_out
@@ -229,6 +230,7 @@ def run_model_process(load: Callable[[], DeciderLike], settings: ServerSettings,
     except BaseException as exc:
         conn.send(("failed", portable(exc)))
         return
+    freeze_start_up_objects()  # the model and its imports, out of the collector's walks (`heap`)
     lock = threading.Lock()  # replies and metrics come from several threads
 
     def send(message: tuple) -> None:

@@ -1,0 +1,135 @@
+"""Python's garbage collector while serving: its full collections' pauses, with and without `gc.freeze()`.
+
+    python benchmarks/gc_pauses.py                          # CPU, the embedded model's host work
+    python benchmarks/gc_pauses.py --seconds 10 --rounds 1  # a quick look
+
+A serving process holds about 400,000 Python objects from start-up (torch, transformers, the model, the
+tokenizer), and CPython's full (generation 2) collection walks every one, holding the interpreter lock: no thread
+tokenizes, launches a forward or answers meanwhile. `typedlm serve` freezes what start-up made
+(`server.heap.freeze_start_up_objects`); this measures what that changes. The host work of serving runs as fast
+as it can: --documents new documents of P ≈ --prefix-tokens tokens per forward, --questions yes/no questions
+each, prepared and answered by the decider on its static path with the forward replaced by a constant output of
+its size (`request_steps.py --no-forward`), so the collector sees a fast GPU server's allocations. Settings
+alternate in one process, --rounds times each, --seconds each: "plain" (everything unfrozen: `gc.unfreeze()`)
+and "frozen" (a collection, then `gc.freeze()`). Per round: documents/s, full collections, their median and
+longest pause, and the share of the time they took. Ends with one JSON line; the JSON goes to
+results/gc-pauses-<device>-<date>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from latency import add_model_arguments, load_benchmark_model, make_questions, make_state
+from request_steps import without_forward
+
+from typedlm.core.options import EngineOptions
+from typedlm.decide.decider import Decider
+from typedlm.server.heap import freeze_start_up_objects
+
+
+class FullCollections:
+    """The pauses (ms) of the full collections that ran while it was installed (`gc.callbacks`)."""
+
+    def __init__(self):
+        self.pauses: list[float] = []
+        self._started = 0.0
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        elif info["generation"] == 2:
+            self.pauses.append(1e3 * (time.perf_counter() - self._started))
+
+    def __enter__(self) -> FullCollections:
+        gc.callbacks.append(self)
+        return self
+
+    def __exit__(self, *_) -> None:
+        gc.callbacks.remove(self)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_arguments(parser)
+    parser.add_argument("--questions", type=int, default=32)
+    parser.add_argument("--documents", type=int, default=8, help="new documents per forward")
+    parser.add_argument("--prefix-tokens", type=int, default=1266)
+    parser.add_argument("--seconds", type=float, default=30.0, help="per round")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of each setting, alternating")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    loaded, _ = load_benchmark_model(args)
+    decider = Decider(loaded, prefix_cache_bytes=0, engine=EngineOptions(cuda_graphs=True))
+    without_forward(decider.engine.forward.runner)
+    questions = make_questions(args.questions)
+    base = make_state(decider, args.prefix_tokens)
+    made = 0
+
+    def forward() -> None:  # one forward's documents, each new
+        nonlocal made
+        requests = []
+        for _ in range(args.documents):
+            made += 1
+            requests.append(decider.prepare_request(f"Ticket {made} (ref. {made * 7919 % 100003}).\n{base}", questions))
+        decider.decide_prepared(requests)
+
+    for _ in range(5):  # warm-up: caches filled, as in a server
+        forward()
+    rows = []
+    columns = ("round", "setting", "docs/s", "full collections", "median ms", "longest ms", "share of the time",
+               "objects walked")  # fmt: skip
+    print(f"| {' | '.join(columns)} |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|")
+    for round_, setting in enumerate(["plain", "frozen"] * args.rounds):
+        gc.unfreeze()
+        if setting == "frozen":
+            freeze_start_up_objects()
+        before, started = made, time.perf_counter()
+        with FullCollections() as collections:
+            while time.perf_counter() - started < args.seconds:
+                forward()
+        seconds = time.perf_counter() - started
+        pauses = collections.pauses
+        row = {
+            "setting": setting,
+            "docs_per_s": round((made - before) / seconds, 1),
+            "full_collections": len(pauses),
+            "median_ms": round(statistics.median(pauses), 2) if pauses else None,
+            "longest_ms": round(max(pauses), 2) if pauses else None,
+            "share": round(sum(pauses) / 1e3 / seconds, 4),
+            "objects_walked": len(gc.get_objects()),
+            "seconds": round(seconds, 1),
+        }
+        rows.append(row)
+        print(
+            f"| {round_ + 1} | {setting} | {row['docs_per_s']} | {len(pauses)} | {row['median_ms'] or '-'} | "
+            f"{row['longest_ms'] or '-'} | {100 * row['share']:.2f}% | {row['objects_walked']} |",
+            flush=True,
+        )
+    gc.unfreeze()
+    report = {
+        "benchmark": "gc_pauses",
+        "date": str(datetime.date.today()),
+        "model": loaded.name,
+        "device": args.device,
+        "python": sys.version.split()[0],
+        "questions": args.questions,
+        "documents_per_forward": args.documents,
+        "prefix_tokens": args.prefix_tokens,
+        "rows": rows,
+    }
+    out = Path(args.out or Path(__file__).parent / "results" / f"gc-pauses-{args.device}-{datetime.date.today()}.json")
+    out.write_text(json.dumps(report, indent=1) + "\n")
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()
