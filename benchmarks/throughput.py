@@ -35,8 +35,9 @@ captured then; "graphs" is how many shapes the engine holds after the cell, "(+n
 measured: each holds up the forwards behind it). On CUDA with `nvidia-smi`, each cell also carries the GPU's SM
 clock while it ran, its warm-up included (the median, and the lowest in parentheses; `sm_mhz`, `sm_mhz_min` and
 `power_w` in the JSON, see `gpu_clocks.py`): under load the chip runs at its power cap, and a slow spell shows there
-as a lower clock. Prints a table, writes JSON and a
-PNG plot, and ends with one JSON line.
+as a lower clock. As `typedlm serve`'s processes do, this one freezes start-up's objects out of the garbage
+collector's full walks before measuring (`server/heap.py`, `gc_pauses.py`; --no-gc-freeze leaves them in). Prints a
+table, writes JSON and a PNG plot, and ends with one JSON line.
 
     python benchmarks/throughput.py                                   # CPU, the embedded model
     python benchmarks/throughput.py --device cuda --random-qwen3-0.6b --tokenizer DIR
@@ -61,6 +62,7 @@ import torch
 from typedlm.core.options import EngineOptions
 from typedlm.core.questions import parse_request
 from typedlm.decide.decider import Decider
+from typedlm.server.heap import freeze_start_up_objects
 from typedlm.server.model_process import ModelProcess
 from typedlm.server.settings import ServerSettings
 from typedlm.server.worker import GATHER_GAP_S, HOST_THREADS, PIPELINE_DEPTH, ModelWorker
@@ -503,6 +505,9 @@ def main() -> None:
         default=CLIENT_PROCESSES,
         help=f"HTTP rows: processes the clients are spread over (default {CLIENT_PROCESSES})",
     )
+    parser.add_argument(
+        "--no-gc-freeze", action="store_true", help="leave start-up's objects in the collector's walks (see above)"
+    )
     parser.add_argument("--peak-tflops", type=float, default=None, help="matrix rate (default: 790 on CUDA)")
     parser.add_argument("--out", default=None, help="JSON path (default: results/throughput-<device>-<date>.json)")
     args = parser.parse_args()
@@ -522,6 +527,7 @@ def main() -> None:
     print(f"| {columns} |")
     print("|---|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     with ModelProcesses(args, decider) as model_processes:
+        frozen = 0 if args.no_gc_freeze else freeze_start_up_objects()
         rows = measure(args, deciders, params, peak, model_processes)
     report = {
         "benchmark": "throughput",
@@ -533,6 +539,7 @@ def main() -> None:
         "non_embedding_params": params,
         "peak_tflops": peak,
         "features": {attention: each.features.summary() for attention, each in deciders.items()},
+        "gc_frozen_objects": frozen,
         "rows": rows,
     }
     out = Path(args.out) if args.out else RESULTS / f"throughput-{args.device.split(':')[0]}-{report['date']}.json"
