@@ -35,9 +35,12 @@ captured then; "graphs" is how many shapes the engine holds after the cell, "(+n
 measured: each holds up the forwards behind it). On CUDA with `nvidia-smi`, each cell also carries the GPU's SM
 clock while it ran, its warm-up included (the median, and the lowest in parentheses; `sm_mhz`, `sm_mhz_min` and
 `power_w` in the JSON, see `gpu_clocks.py`): under load the chip runs at its power cap, and a slow spell shows there
-as a lower clock. As `typedlm serve`'s processes do, this one freezes start-up's objects out of the garbage
-collector's full walks before measuring (`server/heap.py`, `gc_pauses.py`; --no-gc-freeze leaves them in). Prints a
-table, writes JSON and a PNG plot, and ends with one JSON line.
+as a lower clock. In process, "CPU ms/doc" is this process's CPU time over the cell (every thread: the clients,
+tokenizing, the worker's) per document: where the GPU waits for the host, it says whether the host did more work
+or had less room (the JSON's `host` names the CPU and its load before the run). As `typedlm serve`'s processes
+do, this one freezes start-up's objects out of the garbage collector's full walks before measuring
+(`server/heap.py`, `gc_pauses.py`; --no-gc-freeze leaves them in). Prints a table, writes JSON and a PNG plot, and
+ends with one JSON line.
 
     python benchmarks/throughput.py                                   # CPU, the embedded model
     python benchmarks/throughput.py --device cuda --random-qwen3-0.6b --tokenizer DIR
@@ -50,6 +53,8 @@ import asyncio
 import functools
 import itertools
 import json
+import os
+import platform
 import statistics
 import sys
 import time
@@ -150,6 +155,18 @@ def non_embedding_params(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters()) - embedding  # a tied head is the embedding, counted once
 
 
+def host_cpu() -> dict:
+    """The CPU this process runs on, and how loaded the machine was before the run."""
+    lines = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []
+    names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
+    return {
+        "cpu": names[0] if names else platform.processor(),
+        "cpus": os.cpu_count(),
+        "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "load_1m": os.getloadavg()[0],
+    }
+
+
 def summarise(latencies: list[float], seconds: float, questions: int, forwards: Forwards) -> dict:
     latencies = sorted(latencies)
     n = len(latencies)
@@ -214,21 +231,24 @@ def in_process(
         forwards.clear()
         monitor = GpuBusy(runner) if cuda else None
         captures = runner.captures if runner is not None else 0
+        cpu = time.process_time()  # every thread of this process: the clients, the worker's, tokenizing
         try:
             latencies, seconds = await _clients(clients, per_client, ask)
         finally:
+            cpu = time.process_time() - cpu
             worker.close()
             if monitor is not None:
                 monitor.close()
         gpu = monitor.per_doc(forwards) if monitor is not None else None
-        return latencies, seconds, gpu, (runner.captures - captures if runner is not None else None)
+        return latencies, seconds, gpu, (runner.captures - captures if runner is not None else None), cpu
 
-    latencies, seconds, gpu, captured = asyncio.run(run())
+    latencies, seconds, gpu, captured, cpu = asyncio.run(run())
     graphs = len(runner.slots) if runner is not None else None  # shapes captured and held after the cell
     gpu_busy, gpu_ms_per_doc = gpu or (None, None)
     summary = summarise(latencies, seconds, len(questions), forwards)
     return {
-        **summary, "gpu_busy": gpu_busy, "gpu_ms_per_doc": gpu_ms_per_doc, "graphs": graphs, "captured": captured
+        **summary, "gpu_busy": gpu_busy, "gpu_ms_per_doc": gpu_ms_per_doc, "graphs": graphs, "captured": captured,
+        "cpu_ms_per_doc": 1000 * cpu / len(latencies),
     }  # fmt: skip
 
 
@@ -440,12 +460,13 @@ def measure(
                         graphs = f"{graphs} (+{row['captured']})"
                     per_doc = f"{row['gpu_ms_per_doc']:.2f}" if row.get("gpu_ms_per_doc") else "-"
                     mhz = f"{row['sm_mhz']:.0f} (≥ {row['sm_mhz_min']:.0f})" if row.get("sm_mhz") else "-"
+                    cpu = f"{row['cpu_ms_per_doc']:.2f}" if row.get("cpu_ms_per_doc") else "-"
                     print(
                         f"| {workload} | {q} | {path} | {attention} | {'on' if batching else 'off'} | {depth} | "
                         f"{1000 * gap:g} | {1000 * sys.getswitchinterval():g} | {host_threads} | "
                         f"{clients} | {row['docs_per_s']:.1f} | {row['questions_per_s']:.0f} | {row['p50_ms']:.1f} | "
                         f"{row['p99_ms']:.1f} | {row['mean_batch']:.1f} | {share} | {gpu} | {per_doc} | {graphs} | "
-                        f"{mhz} |",
+                        f"{mhz} | {cpu} |",
                         flush=True,
                     )
     sys.setswitchinterval(default_switch)
@@ -511,6 +532,7 @@ def main() -> None:
     parser.add_argument("--peak-tflops", type=float, default=None, help="matrix rate (default: 790 on CUDA)")
     parser.add_argument("--out", default=None, help="JSON path (default: results/throughput-<device>-<date>.json)")
     args = parser.parse_args()
+    host = host_cpu()  # before loading: the load average is the machine's, not this run's
     loaded, dtype = load_benchmark_model(args)
     deciders = {attention: attention_decider(loaded, attention) for attention in args.attention}
     decider = next(iter(deciders.values()))
@@ -522,10 +544,10 @@ def main() -> None:
     columns = " | ".join(
         ("workload", "Q", "path", "attention", "batching", "pipeline", "gather ms", "switch ms", "host threads",
          "clients", "docs/s", "questions/s", "p50 ms", "p99 ms", "mean batch", "of matrix rate", "GPU busy",
-         "GPU ms/doc", "graphs", "SM MHz")
+         "GPU ms/doc", "graphs", "SM MHz", "CPU ms/doc")
     )  # fmt: skip
     print(f"| {columns} |")
-    print("|---|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     with ModelProcesses(args, decider) as model_processes:
         frozen = 0 if args.no_gc_freeze else freeze_start_up_objects()
         rows = measure(args, deciders, params, peak, model_processes)
@@ -539,6 +561,7 @@ def main() -> None:
         "non_embedding_params": params,
         "peak_tflops": peak,
         "features": {attention: each.features.summary() for attention, each in deciders.items()},
+        "host": host,
         "gc_frozen_objects": frozen,
         "rows": rows,
     }
