@@ -189,6 +189,17 @@ def test_cuda_graph_counters_reach_health_and_metrics():
     assert samples[("typedlm_cuda_graphs_captures_total", ())] == 7 and samples[("typedlm_cuda_graphs_held", ())] == 5
 
 
+def test_the_model_threads_waits_reach_health_and_metrics(fake_server_url):
+    """The model worker's waits (`worker.ModelWorker.stats`), as counters: which side sets the pace."""
+    post(fake_server_url, BODY)
+    health = httpx.get(fake_server_url + "/health").json()
+    samples = scrape(fake_server_url)
+    for wait in ("slot", "requests"):
+        assert health["model_thread"][f"waited_for_{wait}_seconds"] >= 0
+        assert samples[(f"typedlm_model_thread_waited_for_{wait}_seconds_total", ())] >= 0
+    assert samples[("typedlm_model_thread_waited_for_requests_seconds_total", ())] > 0, "idle between requests"
+
+
 def test_models_health_and_docs(fake_server_url, fake_decider):
     models = httpx.get(fake_server_url + "/v1/models").json()["models"]
     assert [m["name"] for m in models] == [fake_decider.name, "jev-latest"]

@@ -256,6 +256,27 @@ def test_the_next_forward_is_launched_while_the_last_ones_answers_are_built():
     assert model.log == [(event, (i,)) for i in range(4) for event in ("launch", "answered")]
 
 
+def test_the_model_threads_waits_say_which_side_sets_the_pace():
+    """Forwards slower than the requests come: the model thread waits for a slot. Nothing asked: it waits for a
+    request, and the wait going on counts as far as it went (a scrape during an idle spell sees it grow)."""
+
+    async def main():
+        worker = ModelWorker(max_pending=16, max_batch=1, pipeline_depth=1)
+        model = SlowBatches(0.05)
+        await asyncio.gather(*(_ask(worker, model, i) for i in range(5)))  # five at once, one forward each
+        busy = worker.stats()
+        await asyncio.sleep(0.3)
+        idle = worker.stats()
+        worker.close()
+        return busy, idle
+
+    busy, idle = asyncio.run(main())
+    assert busy["waited_for_slot_seconds"] >= 0.15, "behind at least three forwards of 0.05 s"
+    assert busy["waited_for_requests_seconds"] < busy["waited_for_slot_seconds"]
+    assert idle["waited_for_requests_seconds"] - busy["waited_for_requests_seconds"] >= 0.25
+    assert idle["waited_for_slot_seconds"] >= busy["waited_for_slot_seconds"], "a counter never goes back"
+
+
 def test_pipelined_batches_answer_every_request_and_retry_a_failed_batch_alone():
     """With two forwards in flight (the default), batches still answer each request with its own result, a
     request that breaks its batch gets its error, the others their answers."""

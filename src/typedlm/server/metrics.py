@@ -13,6 +13,10 @@ Exposed at /metrics (prometheus_client's text format, one registry per app):
     typedlm_prefix_cache_*                      the prefix cache's counters (hits_total, ...) and sizes
     typedlm_cuda_graphs_captures_total          CUDA graphs captured (on a GPU; a capture holds up the forwards
                                                 behind it); typedlm_cuda_graphs_held: graphs held now
+    typedlm_model_thread_waited_for_slot_seconds_total      the model thread's time waiting for a forward in flight
+                                                to end (the device sets the pace: more forwards than it can run)
+    typedlm_model_thread_waited_for_requests_seconds_total  ... waiting for a request with a slot free (the clients,
+                                                or the threads preparing requests, set the pace; idle time too)
     typedlm_model_info{model,device,dtype,...}  the served model (always 1)
 
 `RequestLog` writes one line per request (text, or JSON with `--log-format json`): route, status, ms, tokens,
@@ -33,7 +37,11 @@ from prometheus_client.registry import Collector
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # requests per forward
-CUMULATIVE = ("hits", "partial_hits", "misses", "reused_tokens", "captures")  # counters; the rest are sizes
+# counters; the rest are sizes
+CUMULATIVE = (
+    "hits", "partial_hits", "misses", "reused_tokens", "captures", "waited_for_slot_seconds",
+    "waited_for_requests_seconds",
+)  # fmt: skip
 ROUTES = (
     "/",
     "/playground",
@@ -78,7 +86,7 @@ def route_of(path: str) -> str:
 class _Live(Collector):
     """Values read at scrape time: the queue, the prefix cache's counters and the CUDA graphs'."""
 
-    def __init__(self, pending: Callable[[], int], stats: Callable[[], Mapping[str, Mapping[str, int]]]):
+    def __init__(self, pending: Callable[[], int], stats: Callable[[], Mapping[str, Mapping[str, float]]]):
         self._pending, self._stats = pending, stats
 
     def collect(self) -> Iterator[Any]:
@@ -99,7 +107,7 @@ class ServerMetrics:
         self,
         model: Mapping[str, str],
         pending: Callable[[], int],
-        stats: Callable[[], Mapping[str, Mapping[str, int]]],
+        stats: Callable[[], Mapping[str, Mapping[str, float]]],
     ):
         self.registry = registry = CollectorRegistry()
         self.requests = Counter(

@@ -19,7 +19,7 @@ from typedlm.core.questions import Question, Text
 from typedlm.server.settings import ServerSettings
 from typedlm.server.worker import ModelWorker
 
-Stats = dict[str, dict[str, int]]
+Stats = dict[str, dict[str, float]]  # counters and sizes by group
 
 
 class DeciderLike(Protocol):
@@ -99,7 +99,7 @@ class InProcessModel:
         return describe() if describe is not None else {"model": self.name}
 
     def stats(self) -> Stats:
-        return self.decider.stats()
+        return {**self.decider.stats(), "model_thread": self.worker.stats()}
 
     async def answer(
         self, state: Text, questions: Mapping[str, Question], calibration: str | None, order_reads: int | None

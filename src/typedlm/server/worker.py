@@ -27,6 +27,8 @@ fault of its own, or one it would meet alone; a batch too large for the device's
 `submit` and `submit_batch` raise a 503 (with Retry-After) when `max_pending` requests are already being prepared,
 running or waiting, and a 504 when the answer takes longer than the timeout (the forward itself finishes in the
 background and still counts as pending until it does). `close` waits for in-flight work: graceful shutdown.
+`stats` gives the model thread's waits since start: for a slot (the device, or the answers, set the pace) and for a
+request with a slot free (the clients, or the preparing threads, do): the server's metrics and `/health` carry them.
 """
 
 from __future__ import annotations
@@ -103,6 +105,12 @@ class ModelWorker:
         # batches handed to the finishing thread and finished by it: each counter written by one thread only
         self._launched = self._finished = 0
         self._forward_s = 0.0  # the last batch's time from its launch to its answers (finishing thread)
+        # the model thread's waits since start, seconds: for a "slot", every forward allowed being in flight (the
+        # device sets the pace, or the answers do); for "requests", a slot free and nothing to launch (the clients
+        # do, or the threads preparing requests; an idle server too). The wait going on counts as far as it went.
+        self._waited = {"slot": 0.0, "requests": 0.0}
+        self._waiting: tuple[str, float] | None = None
+        self._waits_lock = threading.Lock()  # read from other threads (`stats`): a counter never goes back
         self._in_flight = threading.Semaphore(pipeline_depth)  # a slot per forward launched and not yet finished
         self._finishing: queue.SimpleQueue = queue.SimpleQueue()  # what the finishing thread does, in order
         self._finisher = threading.Thread(target=self._finish_loop, name="typedlm-finish", daemon=True)
@@ -187,8 +195,8 @@ class ModelWorker:
         that arrived while the forwards before it ran)."""
         carried: deque = deque()  # jobs taken from the queue that did not go into the last batch, in order
         while True:
-            self._in_flight.acquire()
-            job = carried.popleft() if carried else self._queue.get()
+            self._wait("slot", self._in_flight.acquire)
+            job = carried.popleft() if carried else self._wait("requests", self._queue.get)
             if job is _STOP:
                 self._in_flight.release()
                 self._drain()
@@ -217,6 +225,26 @@ class ModelWorker:
             carried.extendleft(reversed(batch[keep:]))
             del batch[keep:]
             self._launch(batch)
+
+    def _wait(self, kind: str, block: Callable[[], T]) -> T:
+        """`block()` on the model thread, its time counted as a wait of `kind` (see `__init__`)."""
+        with self._waits_lock:
+            self._waiting = (kind, time.perf_counter())
+        try:
+            return block()
+        finally:
+            with self._waits_lock:
+                self._waited[kind] += time.perf_counter() - self._waiting[1]
+                self._waiting = None
+
+    def stats(self) -> dict[str, float]:
+        """The model thread's waits since start, seconds (see `__init__`): which side sets the pace."""
+        with self._waits_lock:
+            waited = dict(self._waited)
+            if self._waiting is not None:
+                kind, since = self._waiting
+                waited[kind] += time.perf_counter() - since
+        return {f"waited_for_{kind}_seconds": seconds for kind, seconds in waited.items()}
 
     def _next_waiting(self, carried: deque, until: float):
         """The next job for the batch being gathered: one carried over, one queued, or (while another forward is in
