@@ -37,8 +37,11 @@ clock while it ran, its warm-up included (the median, and the lowest in parenthe
 `power_w` in the JSON, see `gpu_clocks.py`): under load the chip runs at its power cap, and a slow spell shows there
 as a lower clock. In process, "CPU ms/doc" is this process's CPU time over the cell (every thread: the clients,
 tokenizing, the worker's) per document: where the GPU waits for the host, it says whether the host did more work
-or had less room (the JSON's `host` names the CPU and its load before the run). As `typedlm serve`'s processes
-do, this one freezes start-up's objects out of the garbage collector's full walks before measuring
+or had less room (the JSON's `host` names the CPU and its load before the run). "Model thread waits" (in process,
+and through a model process as of its last forward) are the shares of the cell the model thread spent waiting for
+a slot (every forward allowed in flight: the device, or the answers, set the pace) and for a request with a slot
+free (the clients, or the threads preparing requests, set it): `ModelWorker.stats`. As `typedlm serve`'s
+processes do, this one freezes start-up's objects out of the garbage collector's full walks before measuring
 (`server/heap.py`, `gc_pauses.py`; --no-gc-freeze leaves them in). Prints a table, writes JSON and a PNG plot, and
 ends with one JSON line.
 
@@ -232,23 +235,26 @@ def in_process(
         monitor = GpuBusy(runner) if cuda else None
         captures = runner.captures if runner is not None else 0
         cpu = time.process_time()  # every thread of this process: the clients, the worker's, tokenizing
+        waits = worker.stats()
         try:
             latencies, seconds = await _clients(clients, per_client, ask)
         finally:
             cpu = time.process_time() - cpu
+            waits = {name: (value - waits[name]) / seconds for name, value in worker.stats().items()}
             worker.close()
             if monitor is not None:
                 monitor.close()
         gpu = monitor.per_doc(forwards) if monitor is not None else None
-        return latencies, seconds, gpu, (runner.captures - captures if runner is not None else None), cpu
+        return latencies, seconds, gpu, (runner.captures - captures if runner is not None else None), cpu, waits
 
-    latencies, seconds, gpu, captured, cpu = asyncio.run(run())
+    latencies, seconds, gpu, captured, cpu, waits = asyncio.run(run())
     graphs = len(runner.slots) if runner is not None else None  # shapes captured and held after the cell
     gpu_busy, gpu_ms_per_doc = gpu or (None, None)
     summary = summarise(latencies, seconds, len(questions), forwards)
     return {
         **summary, "gpu_busy": gpu_busy, "gpu_ms_per_doc": gpu_ms_per_doc, "graphs": graphs, "captured": captured,
         "cpu_ms_per_doc": 1000 * cpu / len(latencies),
+        "slot_wait_share": waits["waited_for_slot_seconds"], "request_wait_share": waits["waited_for_requests_seconds"],
     }  # fmt: skip
 
 
@@ -262,16 +268,22 @@ def through_model_process(
     async def ask():
         return await model.answer(documents.next(), questions, None, None)
 
-    async def run() -> tuple[list[float], float]:
+    async def run() -> tuple[list[float], float, dict]:
         await _clients(clients, warmup, ask)
         forwards.clear()
-        return await _clients(clients, per_client, ask)
+        waits = model.stats()["model_thread"]  # as of the model process's last forward
+        latencies, seconds = await _clients(clients, per_client, ask)
+        after = model.stats()["model_thread"]
+        return latencies, seconds, {name: (value - waits[name]) / seconds for name, value in after.items()}
 
     model.on_batch = forwards
-    latencies, seconds = asyncio.run(run())
+    latencies, seconds, waits = asyncio.run(run())
     model.on_batch = None
     summary = summarise(latencies, seconds, len(questions), forwards)
-    return {**summary, "gpu_busy": None, "gpu_ms_per_doc": None}
+    return {
+        **summary, "gpu_busy": None, "gpu_ms_per_doc": None, "slot_wait_share": waits["waited_for_slot_seconds"],
+        "request_wait_share": waits["waited_for_requests_seconds"],
+    }  # fmt: skip
 
 
 def over_http(
@@ -461,12 +473,17 @@ def measure(
                     per_doc = f"{row['gpu_ms_per_doc']:.2f}" if row.get("gpu_ms_per_doc") else "-"
                     mhz = f"{row['sm_mhz']:.0f} (≥ {row['sm_mhz_min']:.0f})" if row.get("sm_mhz") else "-"
                     cpu = f"{row['cpu_ms_per_doc']:.2f}" if row.get("cpu_ms_per_doc") else "-"
+                    waited = (
+                        f"{100 * row['slot_wait_share']:.0f}% / {100 * row['request_wait_share']:.0f}%"
+                        if "slot_wait_share" in row
+                        else "-"
+                    )
                     print(
                         f"| {workload} | {q} | {path} | {attention} | {'on' if batching else 'off'} | {depth} | "
                         f"{1000 * gap:g} | {1000 * sys.getswitchinterval():g} | {host_threads} | "
                         f"{clients} | {row['docs_per_s']:.1f} | {row['questions_per_s']:.0f} | {row['p50_ms']:.1f} | "
                         f"{row['p99_ms']:.1f} | {row['mean_batch']:.1f} | {share} | {gpu} | {per_doc} | {graphs} | "
-                        f"{mhz} | {cpu} |",
+                        f"{mhz} | {cpu} | {waited} |",
                         flush=True,
                     )
     sys.setswitchinterval(default_switch)
@@ -544,10 +561,10 @@ def main() -> None:
     columns = " | ".join(
         ("workload", "Q", "path", "attention", "batching", "pipeline", "gather ms", "switch ms", "host threads",
          "clients", "docs/s", "questions/s", "p50 ms", "p99 ms", "mean batch", "of matrix rate", "GPU busy",
-         "GPU ms/doc", "graphs", "SM MHz", "CPU ms/doc")
+         "GPU ms/doc", "graphs", "SM MHz", "CPU ms/doc", "model thread waits: slot / requests")
     )  # fmt: skip
     print(f"| {columns} |")
-    print("|---|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     with ModelProcesses(args, decider) as model_processes:
         frozen = 0 if args.no_gc_freeze else freeze_start_up_objects()
         rows = measure(args, deciders, params, peak, model_processes)
