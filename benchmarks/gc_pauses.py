@@ -27,8 +27,9 @@ import sys
 import time
 from pathlib import Path
 
-from latency import add_model_arguments, load_benchmark_model, make_questions, make_state
+from latency import add_model_arguments, load_benchmark_model, make_questions
 from request_steps import without_forward
+from throughput import Documents
 
 from typedlm.core.options import EngineOptions
 from typedlm.decide.decider import Decider
@@ -70,16 +71,10 @@ def main() -> None:
     decider = Decider(loaded, prefix_cache_bytes=0, engine=EngineOptions(cuda_graphs=True))
     without_forward(decider.engine.forward.runner)
     questions = make_questions(args.questions)
-    base = make_state(decider, args.prefix_tokens)
-    made = 0
+    documents = Documents(decider, args.prefix_tokens)  # throughput.py's: each new
 
-    def forward() -> None:  # one forward's documents, each new
-        nonlocal made
-        requests = []
-        for _ in range(args.documents):
-            made += 1
-            requests.append(decider.prepare_request(f"Ticket {made} (ref. {made * 7919 % 100003}).\n{base}", questions))
-        decider.decide_prepared(requests)
+    def forward() -> None:  # one forward's documents
+        decider.decide_prepared([decider.prepare_request(documents.next(), questions) for _ in range(args.documents)])
 
     for _ in range(5):  # warm-up: caches filled, as in a server
         forward()
@@ -92,7 +87,7 @@ def main() -> None:
         gc.unfreeze()
         if setting == "frozen":
             freeze_start_up_objects()
-        before, started = made, time.perf_counter()
+        before, started = documents.count, time.perf_counter()
         with FullCollections() as collections:
             while time.perf_counter() - started < args.seconds:
                 forward()
@@ -100,7 +95,7 @@ def main() -> None:
         pauses = collections.pauses
         row = {
             "setting": setting,
-            "docs_per_s": round((made - before) / seconds, 1),
+            "docs_per_s": round((documents.count - before) / seconds, 1),
             "full_collections": len(pauses),
             "median_ms": round(statistics.median(pauses), 2) if pauses else None,
             "longest_ms": round(max(pauses), 2) if pauses else None,

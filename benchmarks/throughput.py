@@ -170,6 +170,14 @@ def host_cpu() -> dict:
     }
 
 
+def wait_shares(before: dict[str, float], after: dict[str, float], seconds: float) -> dict[str, float]:
+    """The model thread's waits over a cell (`ModelWorker.stats` before and after it) as shares of its time."""
+    return {
+        "slot_wait_share": (after["waited_for_slot_seconds"] - before["waited_for_slot_seconds"]) / seconds,
+        "request_wait_share": (after["waited_for_requests_seconds"] - before["waited_for_requests_seconds"]) / seconds,
+    }
+
+
 def summarise(latencies: list[float], seconds: float, questions: int, forwards: Forwards) -> dict:
     latencies = sorted(latencies)
     n = len(latencies)
@@ -240,7 +248,7 @@ def in_process(
             latencies, seconds = await _clients(clients, per_client, ask)
         finally:
             cpu = time.process_time() - cpu
-            waits = {name: (value - waits[name]) / seconds for name, value in worker.stats().items()}
+            waits = wait_shares(waits, worker.stats(), seconds)
             worker.close()
             if monitor is not None:
                 monitor.close()
@@ -253,8 +261,7 @@ def in_process(
     summary = summarise(latencies, seconds, len(questions), forwards)
     return {
         **summary, "gpu_busy": gpu_busy, "gpu_ms_per_doc": gpu_ms_per_doc, "graphs": graphs, "captured": captured,
-        "cpu_ms_per_doc": 1000 * cpu / len(latencies),
-        "slot_wait_share": waits["waited_for_slot_seconds"], "request_wait_share": waits["waited_for_requests_seconds"],
+        "cpu_ms_per_doc": 1000 * cpu / len(latencies), **waits,
     }  # fmt: skip
 
 
@@ -273,17 +280,13 @@ def through_model_process(
         forwards.clear()
         waits = model.stats()["model_thread"]  # as of the model process's last forward
         latencies, seconds = await _clients(clients, per_client, ask)
-        after = model.stats()["model_thread"]
-        return latencies, seconds, {name: (value - waits[name]) / seconds for name, value in after.items()}
+        return latencies, seconds, wait_shares(waits, model.stats()["model_thread"], seconds)
 
     model.on_batch = forwards
     latencies, seconds, waits = asyncio.run(run())
     model.on_batch = None
     summary = summarise(latencies, seconds, len(questions), forwards)
-    return {
-        **summary, "gpu_busy": None, "gpu_ms_per_doc": None, "slot_wait_share": waits["waited_for_slot_seconds"],
-        "request_wait_share": waits["waited_for_requests_seconds"],
-    }  # fmt: skip
+    return {**summary, "gpu_busy": None, "gpu_ms_per_doc": None, **waits}
 
 
 def over_http(
