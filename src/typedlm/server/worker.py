@@ -228,13 +228,14 @@ class ModelWorker:
 
     def _wait(self, kind: str, block: Callable[[], T]) -> T:
         """`block()` on the model thread, its time counted as a wait of `kind` (see `__init__`)."""
+        since = time.perf_counter()
         with self._waits_lock:
-            self._waiting = (kind, time.perf_counter())
+            self._waiting = (kind, since)
         try:
             return block()
         finally:
             with self._waits_lock:
-                self._waited[kind] += time.perf_counter() - self._waiting[1]
+                self._waited[kind] += time.perf_counter() - since
                 self._waiting = None
 
     def stats(self) -> dict[str, float]:

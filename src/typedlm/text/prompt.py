@@ -320,8 +320,9 @@ class ChatLayout:
     def cut_holds(self, state: Text) -> bool | None:
         """Whether `state`'s prompt was cut after the document (each suffix then tokenized alone, the usual case)
         or is tokenized whole with each question; None for a document not tokenized lately."""
+        key, _ = self._document_key(state)  # an object's prefix text rendered outside the lock, as in `tokenize`
         with self._lock:
-            cut = self._documents.get(self._document_key(state)[0])
+            cut = self._documents.get(key)
         return None if cut is None else cut.tail is not None
 
     def _encode_batch(self, texts: list[str], anchored: bool = False) -> list[tuple[int, ...]]:
