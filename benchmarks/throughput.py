@@ -170,6 +170,27 @@ def host_cpu() -> dict:
     }
 
 
+def report_head(benchmark: str, decider: Decider, device: str, dtype: str) -> dict:
+    """What every report of these benchmarks opens with: the benchmark, model, device, dtype, torch and date."""
+    return {
+        "benchmark": benchmark,
+        "model": decider.name,
+        "device": torch.cuda.get_device_name() if device.startswith("cuda") else device,
+        "dtype": dtype,
+        "torch": torch.__version__,
+        "date": date.today().isoformat(),
+    }
+
+
+def write_report(report: dict, out: str | None, device: str) -> Path:
+    """`report` as JSON at `out`, by default results/<benchmark, dashed>-<device's kind>-<date>.json."""
+    name = f"{report['benchmark'].replace('_', '-')}-{device.split(':')[0]}-{report['date']}.json"
+    path = Path(out) if out else RESULTS / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    return path
+
+
 def wait_shares(before: dict[str, float], after: dict[str, float], seconds: float) -> dict[str, float]:
     """The model thread's waits over a cell (`ModelWorker.stats` before and after it) as shares of its time."""
     return {
@@ -192,7 +213,9 @@ def summarise(latencies: list[float], seconds: float, questions: int, forwards: 
     }
 
 
-async def _clients(clients: int, per_client: int, ask) -> tuple[list[float], float]:
+async def run_clients(clients: int, per_client: int, ask) -> tuple[list[float], float]:
+    """`clients` coroutines, each awaiting `ask()` `per_client` times back to back: each request's latency, and
+    the seconds from the first request to the last answer."""
     latencies: list[float] = []
 
     async def client() -> None:
@@ -238,14 +261,14 @@ def in_process(
                 timeout_s=600,
             )
 
-        await _clients(clients, warmup, ask)  # outside the measurement (graphs of these batch shapes captured)
+        await run_clients(clients, warmup, ask)  # outside the measurement (graphs of these batch shapes captured)
         forwards.clear()
         monitor = GpuBusy(runner) if cuda else None
         captures = runner.captures if runner is not None else 0
         cpu = time.process_time()  # every thread of this process: the clients, the worker's, tokenizing
         waits = worker.stats()
         try:
-            latencies, seconds = await _clients(clients, per_client, ask)
+            latencies, seconds = await run_clients(clients, per_client, ask)
         finally:
             cpu = time.process_time() - cpu
             waits = wait_shares(waits, worker.stats(), seconds)
@@ -276,10 +299,10 @@ def through_model_process(
         return await model.answer(documents.next(), questions, None, None)
 
     async def run() -> tuple[list[float], float, dict]:
-        await _clients(clients, warmup, ask)
+        await run_clients(clients, warmup, ask)
         forwards.clear()
         waits = model.stats()["model_thread"]  # as of the model process's last forward
-        latencies, seconds = await _clients(clients, per_client, ask)
+        latencies, seconds = await run_clients(clients, per_client, ask)
         return latencies, seconds, wait_shares(waits, model.stats()["model_thread"], seconds)
 
     model.on_batch = forwards
@@ -572,12 +595,7 @@ def main() -> None:
         frozen = 0 if args.no_gc_freeze else freeze_start_up_objects()
         rows = measure(args, deciders, params, peak, model_processes)
     report = {
-        "benchmark": "throughput",
-        "model": decider.name,
-        "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device,
-        "dtype": dtype,
-        "torch": torch.__version__,
-        "date": date.today().isoformat(),
+        **report_head("throughput", decider, args.device, dtype),
         "non_embedding_params": params,
         "peak_tflops": peak,
         "features": {attention: each.features.summary() for attention, each in deciders.items()},
@@ -585,9 +603,7 @@ def main() -> None:
         "gc_frozen_objects": frozen,
         "rows": rows,
     }
-    out = Path(args.out) if args.out else RESULTS / f"throughput-{args.device.split(':')[0]}-{report['date']}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    out = write_report(report, args.out, args.device)
     plot(report, out.with_suffix(".png"))
     print(json.dumps({"benchmark": "throughput", "out": str(out), "rows": len(rows)}))
 
