@@ -32,11 +32,11 @@ import itertools
 import json
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from latency import add_model_arguments, load_benchmark_model, make_questions
-from throughput import Documents, attention_decider, host_cpu, report_head, run_clients, write_report
+from throughput import Documents, GpuBusy, attention_decider, host_cpu, report_head, run_clients, write_report
 
 from typedlm.decide.decider import Decider
 from typedlm.server.heap import freeze_start_up_objects
@@ -54,42 +54,30 @@ class Forward:
     launch: tuple[float, float] = (0.0, 0.0)
     device: tuple[float, float] = (0.0, 0.0)
     finish: tuple[float, float] = (0.0, 0.0)
-    events: tuple = field(default=(), repr=False)
 
 
 class DeviceClock:
-    """CUDA events around each launch of a static runner, read back on the host clock: one event recorded while
-    the device is idle marks a known host time, and every later event is that time plus its elapsed time."""
+    """`throughput.GpuBusy`'s events around each launch of a static runner, read back on the host clock: one
+    event recorded while the device is idle marks a known host time, and every later event is that time plus its
+    elapsed time."""
 
     def __init__(self, runner):
-        self.runner, self.launch = runner, runner.launch_documents
-        self.current: Forward | None = None  # the forward being launched (set on the model thread)
         torch.cuda.synchronize()
         self.reference = torch.cuda.Event(enable_timing=True)
         self.reference.record()
         torch.cuda.synchronize()
         self.reference_at = time.perf_counter()
-
-        def timed(*args, **kwargs):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            launched = self.launch(*args, **kwargs)
-            end.record()
-            self.current.events = (start, end)
-            return launched
-
-        runner.launch_documents = timed
+        self.monitor = GpuBusy(runner)
 
     def settle(self, forwards: list[Forward]) -> None:
-        """Each forward's device span on the host clock (after the cell: waits for the device)."""
+        """Each forward's device span on the host clock (after the cell: waits for the device). The monitor's
+        events and `forwards` are both in launch order, one per launch."""
         torch.cuda.synchronize()
-        for forward in forwards:
-            start, end = forward.events
-            forward.device = tuple(self.reference_at + self.reference.elapsed_time(e) / 1000 for e in (start, end))
-            forward.events = ()
+        for forward, events in zip(forwards, self.monitor.events, strict=True):
+            forward.device = tuple(self.reference_at + self.reference.elapsed_time(e) / 1000 for e in events)
 
     def close(self) -> None:
-        self.runner.launch_documents = self.launch
+        self.monitor.close()
 
 
 def timed_cell(
@@ -104,8 +92,6 @@ def timed_cell(
 
     def launch_batch(requests: list) -> object:  # on the model thread
         forward = Forward(len(requests), [prepared.pop(id(request)) for request in requests])
-        if clock is not None:
-            clock.current = forward
         started = time.perf_counter()
         finish = decider.launch_prepared(requests)
         forward.launch = (started, time.perf_counter())
@@ -122,8 +108,7 @@ def timed_cell(
 
     async def run() -> tuple[float, int]:
         worker = ModelWorker(
-            max_pending=10_000, max_batch=decider.max_batch if batching else 1, host_threads=HOST_THREADS,
-            pipeline_depth=pipeline if batching else 1,
+            max_pending=10_000, max_batch=decider.max_batch if batching else 1, pipeline_depth=pipeline
         )  # fmt: skip
 
         async def ask():
