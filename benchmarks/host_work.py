@@ -1,6 +1,7 @@
 """The host work of one request without the model: tokenizing, packing and writing the static inputs.
 
     python benchmarks/host_work.py [--questions 1 32] [--repeats 200] [--new-documents] [--tokenizer DIR]
+                                   [--piece-chars 0 1024]
 
 On a GPU a request's forward is one graph replay, so the Python around it is a visible share of its latency
 (benchmarks/README.md). This times those steps alone, on the CPU, with the embedded model's tokenizer: a
@@ -8,14 +9,16 @@ document of P ≈ 1266 tokens (three take turns, as in latency.py, so their ids 
 warm-up) and Q yes/no questions, as `Decider.decide` and `StaticRunner.run` do them (the prefix-cache
 lookup, the model, the answers and the graph launch are not here). With --new-documents every request brings a
 document of its own (its own first line, as throughput.py's), so each is tokenized as a server meets it;
---tokenizer times another model's tokenizer (a directory). Prints the median µs of each step and ends with one
-JSON line.
+--tokenizer times another model's tokenizer (a directory); --piece-chars times a new document tokenized whole (0)
+and in pieces of about that many characters side by side (`typedlm.text.pieces`), the layouts taking turns
+request by request. Prints the median µs of each step and ends with one JSON line.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -32,6 +35,7 @@ from typedlm.runtime.models import converted_gguf, embedded_gguf_path
 from typedlm.runtime.packing import PackedItem, pack
 from typedlm.runtime.static_inputs import Document, Shape, Slot
 from typedlm.text.labels import Labeler
+from typedlm.text.pieces import PIECE_CHARS
 from typedlm.text.prompt import ChatLayout
 
 
@@ -42,9 +46,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=200)
     parser.add_argument("--new-documents", action="store_true", help="a new document per request")
     parser.add_argument("--tokenizer", default=None, help="a tokenizer directory (default: the embedded model's)")
+    parser.add_argument(
+        "--piece-chars", type=int, nargs="+", default=[PIECE_CHARS], help="a long document's pieces (0: whole)"
+    )
     args = parser.parse_args()
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or converted_gguf(embedded_gguf_path()))
-    layout = ChatLayout(tokenizer)
+    layouts = {chars: ChatLayout(tokenizer, piece_chars=chars) for chars in args.piece_chars}
+    layout = layouts[args.piece_chars[0]]
     labels = Labeler(tokenizer, layout.answer_opening).labels("noul", 2)
     states = [make_state(SimpleNamespace(layout=layout), args.prefix_tokens, v) for v in range(3)]
 
@@ -56,27 +64,31 @@ def main() -> None:
     for q in args.questions:
         questions = list(make_questions(q).values())
         slots: dict[Shape, Slot] = {}
-        times: dict[str, list[float]] = {"tokenize": [], "pack": [], "fill": []}
+        times = {chars: {"tokenize": [], "pack": [], "fill": []} for chars in layouts}
         for i in range(args.repeats + 3):  # the first three: warm-up (caches filled, as in a server)
-            start = time.perf_counter()
-            prompt = layout.tokenize(state(i, q), questions)
-            tokenized = time.perf_counter()
-            batch = pack(len(prompt.prefix_ids), [PackedItem(ids, labels) for ids in prompt.suffix_ids])
-            packed = time.perf_counter()
-            ids = prompt.prefix_ids[system:]
-            shape = Shape.of(len(ids), batch)
-            slot = slots.get(shape) or slots.setdefault(shape, Slot(shape, torch.device("cpu")))
-            slot.fill([Document(ids, system, batch.n_rows)], batch, [0])
-            filled = time.perf_counter()
-            if i >= 3:
-                for name, seconds in zip(times, (tokenized - start, packed - tokenized, filled - packed)):
-                    times[name].append(1e6 * seconds)
-        row = {"questions": q, **{f"{k}_us": round(statistics.median(v), 1) for k, v in times.items()}}
-        row["total_us"] = round(sum(row[f"{k}_us"] for k in times), 1)
-        rows.append(row)
-        print("  ".join(f"{k} {v}" for k, v in row.items()))
+            for chars, each in layouts.items():  # the layouts take turns on the same documents
+                start = time.perf_counter()
+                prompt = each.tokenize(state(i, q), questions)
+                tokenized = time.perf_counter()
+                batch = pack(len(prompt.prefix_ids), [PackedItem(ids, labels) for ids in prompt.suffix_ids])
+                packed = time.perf_counter()
+                ids = prompt.prefix_ids[system:]
+                shape = Shape.of(len(ids), batch)
+                slot = slots.get(shape) or slots.setdefault(shape, Slot(shape, torch.device("cpu")))
+                slot.fill([Document(ids, system, batch.n_rows)], batch, [0])
+                filled = time.perf_counter()
+                if i >= 3:
+                    for name, seconds in zip(times[chars], (tokenized - start, packed - tokenized, filled - packed)):
+                        times[chars][name].append(1e6 * seconds)
+        for chars, steps in times.items():
+            row = {"questions": q, "piece_chars": chars}
+            row.update({f"{k}_us": round(statistics.median(v), 1) for k, v in steps.items()})
+            row["total_us"] = round(sum(row[f"{k}_us"] for k in steps), 1)
+            rows.append(row)
+            print("  ".join(f"{k} {v}" for k, v in row.items()))
     meta = {"benchmark": "host_work", "repeats": args.repeats, "new_documents": args.new_documents}
     meta.update(tokenizer=args.tokenizer or "embedded", cut_holds=layout.cut_holds(state(args.repeats + 2, q)))
+    meta.update(cpus=os.cpu_count(), splits={chars: each._pieces.splits for chars, each in layouts.items()})
     print(json.dumps({**meta, "torch": torch.__version__, "rows": rows}))
 
 

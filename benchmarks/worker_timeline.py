@@ -21,7 +21,9 @@ finishing thread's wait and answers. Per cell it prints:
   client's next request), where one client's latency goes.
 
 `throughput.py`'s "model thread waits" column says which side set the pace over a whole cell; this says, gap
-by gap, why the device idled. Ends with one JSON line; the JSON goes to results/worker-timeline-<device>-<date>.json.
+by gap, why the device idled. `--piece-chars 0` tokenizes each new document whole instead of in pieces side by side
+(`typedlm.text.pieces`), to compare the two. Ends with one JSON line; the JSON goes to
+results/worker-timeline-<device>-<date>.json.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ from throughput import Documents, GpuBusy, attention_decider, host_cpu, report_h
 from typedlm.decide.decider import Decider
 from typedlm.server.heap import freeze_start_up_objects
 from typedlm.server.worker import HOST_THREADS, PIPELINE_DEPTH, ModelWorker
+from typedlm.text.pieces import PIECE_CHARS
+from typedlm.text.prompt import ChatLayout
 
 PREFIX_TOKENS = 1266
 
@@ -225,10 +229,13 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=256, help="requests per cell (at least 2 per client)")
     parser.add_argument("--warmup", type=int, default=4, help="requests per client before a cell is measured")
     parser.add_argument("--out", default=None, help="JSON path (default: results/worker-timeline-<device>-<date>.json)")
+    parser.add_argument("--piece-chars", type=int, default=PIECE_CHARS, help="a new document's pieces (0: whole)")
     args = parser.parse_args()
     host = host_cpu()
     loaded, dtype = load_benchmark_model(args)
     decider = attention_decider(loaded, "auto")
+    if args.piece_chars != PIECE_CHARS:  # the same layout but for how a new document is cut
+        decider.layout = ChatLayout(loaded.tokenizer, decider.prompt_version, piece_chars=args.piece_chars)
     documents = Documents(decider, PREFIX_TOKENS)
     frozen = freeze_start_up_objects()  # as `serve` does
     print(f"{decider.name} on {args.device} ({dtype}); {host['cpus']} CPUs, load {host['load_1m']:.2f}", flush=True)
@@ -265,6 +272,7 @@ def main() -> None:
         "prefix_tokens": PREFIX_TOKENS,
         "host": host,
         "host_threads": HOST_THREADS,
+        "piece_chars": args.piece_chars,
         "gc_frozen_objects": frozen,
         "rows": rows,
     }

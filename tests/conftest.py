@@ -28,6 +28,27 @@ needs_triton = pytest.mark.skipif(not kernel_available(), reason="Triton is not 
 
 
 @pytest.fixture(scope="session")
+def sentencepiece_tokenizer():
+    """A small BPE tokenizer trained here that marks spaces as SentencePiece does (`▁`, no byte-level pieces), with
+    a Gemma-like chat template: how Llama- and Gemma-family tokenizers split text."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="first")
+    corpus = ["Question: Does the customer ask for a refund?\nAnswer yes or no.", "</document>\n\nQuestion: Spam?"] * 50
+    specials = ["<unk>", "<s>", "</s>", "<start_of_turn>", "<end_of_turn>"]
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=300, special_tokens=specials))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+    fast.chat_template = (
+        "{% for m in messages %}<start_of_turn>{{ m['role'] }}\n{{ m['content'] }}<end_of_turn>\n{% endfor %}"
+        "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+    )
+    return fast
+
+
+@pytest.fixture(scope="session")
 def embedded_dir():
     return converted_gguf(embedded_gguf_path())
 

@@ -250,29 +250,11 @@ def test_each_prompt_version_words_the_system_prompt_and_every_kinds_closing_lin
         ChatLayout(tokenizer, "nope")
 
 
-def _sentencepiece_style_tokenizer():
-    """A small BPE tokenizer trained here that marks spaces as SentencePiece does (`▁`, no byte-level pieces), with
-    a Gemma-like chat template: how Llama- and Gemma-family tokenizers split text."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
-    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
-    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="first")
-    corpus = ["Question: Does the customer ask for a refund?\nAnswer yes or no.", "</document>\n\nQuestion: Spam?"] * 50
-    specials = ["<unk>", "<s>", "</s>", "<start_of_turn>", "<end_of_turn>"]
-    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=300, special_tokens=specials))
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
-    fast.chat_template = (
-        "{% for m in messages %}<start_of_turn>{{ m['role'] }}\n{{ m['content'] }}<end_of_turn>\n{% endfor %}"
-        "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
-    )
-    return fast
-
-
 @pytest.mark.parametrize("state", ["The parcel is late again.", "ends with >", "", "Question: nested"])
-def test_a_sentencepiece_style_tokenizer_gets_the_whole_prompts_the_question_opening_shared_and_its_cut(state):
-    tokenizer = _sentencepiece_style_tokenizer()
+def test_a_sentencepiece_style_tokenizer_gets_the_whole_prompts_the_question_opening_shared_and_its_cut(
+    state, sentencepiece_tokenizer
+):
+    tokenizer = sentencepiece_tokenizer
     layout = ChatLayout(tokenizer)
     prompt = layout.tokenize(state, QUESTIONS)
     for question, suffix in zip(QUESTIONS, prompt.suffix_ids, strict=True):

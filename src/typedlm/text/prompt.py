@@ -19,7 +19,8 @@ a token boundary inside the prefix's close (`ChatLayout.prefix_close`: the docum
 `ChatLayout._cut`): the ids before it are the document's own, and the text after it (a piece of the close, then the
 question) is the same for every document, so its ids are remembered per question. The cut is checked once per
 document, on the document's last tokens with the first question; documents are remembered (by their exact text)
-with their ids and checked cut, so a repeated document is not tokenized again.
+with their ids and checked cut, so a repeated document is not tokenized again. A long new document is tokenized in
+pieces side by side (`typedlm.text.pieces`), each seam checked the same way.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import numpy as np
 from typedlm.core.errors import ModelError
 from typedlm.core.questions import ChoiceQuestion, NoulQuestion, Question, ScoreQuestion, Text
 from typedlm.text.labels import choice_labels, score_labels
+from typedlm.text.pieces import PIECE_CHARS, PieceTokenizer
 
 
 @dataclass(frozen=True)
@@ -211,8 +213,9 @@ class ChatLayout:
     """The chat template cut into its fixed pieces: head, document close (then the question opening), and answer
     opening."""
 
-    def __init__(self, tokenizer, version: str = PROMPT_VERSION):
+    def __init__(self, tokenizer, version: str = PROMPT_VERSION, piece_chars: int = PIECE_CHARS):
         self._tokenizer = tokenizer
+        self._pieces = PieceTokenizer(tokenizer, piece_chars)  # a new document's ids: pieces tokenized side by side
         self.version = version  # the prompt version (see `WORDINGS`)
         messages = [
             {"role": "system", "content": wording(version).system},
@@ -356,14 +359,14 @@ class ChatLayout:
         behind the anchor (`_find_anchor`); the way that held last is tried first. A tokenizer for which both fail
         gets every prompt tokenized whole.
         """
-        encoded = self._tokenizer(prefix, add_special_tokens=False, return_offsets_mapping=True)
-        alone, offsets = tuple(encoded["input_ids"]), encoded.get("offset_mapping")
-        close, k = len(prefix) - len(self.prefix_close), len(offsets or ())
-        while k and offsets[k - 1][0] >= close:
+        encoded = self._pieces.encode(prefix)
+        alone, spans = encoded.ids, encoded.encodings is not None
+        close, k = len(prefix) - len(self.prefix_close), len(alone) if spans else 0
+        while k and encoded.start(k - 1) >= close:
             k -= 1
-        if offsets and k < len(alone):
-            tail, j = prefix[offsets[k][0] :], max(k - TAIL_TOKENS, 0)
-            window = prefix[offsets[j][0] :]
+        if spans and k < len(alone):
+            tail, j = prefix[encoded.start(k) :], max(k - TAIL_TOKENS, 0)
+            window = prefix[encoded.start(j) :]
             first = self._anchored_first
             for anchored in (first, not first) if self._anchor else (False,):
                 window_alone, window_whole = self._encode_batch([window, window + first_suffix], anchored)
