@@ -88,7 +88,7 @@ def main() -> None:
             print("  ".join(f"{k} {v}" for k, v in row.items()))
     meta = {"benchmark": "host_work", "repeats": args.repeats, "new_documents": args.new_documents}
     meta.update(tokenizer=args.tokenizer or "embedded", cut_holds=layout.cut_holds(state(args.repeats + 2, q)))
-    meta.update(cpus=os.cpu_count(), splits={chars: each._pieces.splits for chars, each in layouts.items()})
+    meta.update(cpus=os.cpu_count(), splits={chars: each.pieces.splits for chars, each in layouts.items()})
     print(json.dumps({**meta, "torch": torch.__version__, "rows": rows}))
 
 

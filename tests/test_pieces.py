@@ -98,7 +98,7 @@ def test_a_tokenizer_whose_pieces_do_not_join_never_cuts(pre_tokenizer):
 
 def test_a_layout_cutting_documents_into_pieces_gives_the_whole_prompts(tokenizer):
     cut, uncut = ChatLayout(tokenizer, piece_chars=64), ChatLayout(tokenizer, piece_chars=0)
-    assert cut._pieces.splits and not uncut._pieces.splits
+    assert cut.pieces.splits and not uncut.pieces.splits
     questions = [NoulQuestion("Is it late?"), NoulQuestion("Does the customer ask for money back?")]
     states = ["the parcel is late " * 50, "Ticket 7.\n" + "the box was broken, refund it. " * 40 + "\n", "word"]
     for state in states:
@@ -110,4 +110,4 @@ def test_a_layout_cutting_documents_into_pieces_gives_the_whole_prompts(tokenize
         for question, suffix in zip(questions, prompt.suffix_ids, strict=True):
             assert prompt.prefix_ids + suffix == cut.encode(cut.prefix_text(state) + cut.suffix_text(question))
         assert cut.cut_holds(state)
-    assert cut._pieces.seams_failed == 0
+    assert cut.pieces.seams_failed == 0

@@ -215,7 +215,7 @@ class ChatLayout:
 
     def __init__(self, tokenizer, version: str = PROMPT_VERSION, piece_chars: int = PIECE_CHARS):
         self._tokenizer = tokenizer
-        self._pieces = PieceTokenizer(tokenizer, piece_chars)  # a new document's ids: pieces tokenized side by side
+        self.pieces = PieceTokenizer(tokenizer, piece_chars)  # a new document's ids: pieces tokenized side by side
         self.version = version  # the prompt version (see `WORDINGS`)
         messages = [
             {"role": "system", "content": wording(version).system},
@@ -359,7 +359,7 @@ class ChatLayout:
         behind the anchor (`_find_anchor`); the way that held last is tried first. A tokenizer for which both fail
         gets every prompt tokenized whole.
         """
-        encoded = self._pieces.encode(prefix)
+        encoded = self.pieces.encode(prefix)
         alone, spans = encoded.ids, encoded.encodings is not None
         close, k = len(prefix) - len(self.prefix_close), len(alone) if spans else 0
         while k and encoded.start(k - 1) >= close:
