@@ -172,6 +172,7 @@ def test_threads_tokenizing_at_once_get_what_one_thread_gets(tokenizer, monkeypa
     monkeypatch.setattr("typedlm.text.prompt.DOCUMENT_CACHE_ENTRIES", 5)
     monkeypatch.setattr("typedlm.text.prompt.TAIL_CACHE_ENTRIES", 4)
     states = [f"ticket {i}: " + "the parcel came late and broken. " * (i % 7 + 1) for i in range(24)] + STATES
+    states += [f"long ticket {i}: " + "the parcel came late and broken. " * 70 for i in range(8)]  # cut in pieces
     jobs = [(state, QUESTIONS[i % 3 :] or QUESTIONS) for i, state in enumerate(states * 3)]
     random.Random(0).shuffle(jobs)
     shared = ChatLayout(tokenizer)
@@ -183,8 +184,9 @@ def test_threads_tokenizing_at_once_get_what_one_thread_gets(tokenizer, monkeypa
     with ThreadPoolExecutor(8) as pool:
         together = list(pool.map(tokenize, jobs))
     for job, (prefix_ids, suffix_ids) in zip(jobs, together, strict=True):
-        alone = ChatLayout(tokenizer).tokenize(*job)
+        alone = ChatLayout(tokenizer, piece_chars=0).tokenize(*job)  # one thread, every document whole
         assert (prefix_ids, suffix_ids) == (alone.prefix_ids, alone.suffix_ids)
+    assert shared.pieces.splits and shared.pieces.seams_failed == 0
 
 
 def test_object_states_and_unhashable_questions_are_remembered_apart(tokenizer):
