@@ -125,7 +125,7 @@ def _before_word(text: str, i: int) -> bool:
 def _word_start_before(text: str, low: int, high: int) -> int | None:
     """The last word start (see `_before_word`) in [low, high), else None."""
     i = text.rfind(" ", low, high)
-    while i > 0 and i + 1 < len(text):
+    while i > 0:  # `_before_word` checks the neighbours' bounds
         if _before_word(text, i):
             return i
         i = text.rfind(" ", low, i)
