@@ -1,0 +1,47 @@
+"""The README's first request and the response it shows: the embedded model, as served by default, answers it so."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from typedlm import Decider
+from typedlm.runtime.models import LoadedModel
+
+ROOT = Path(__file__).resolve().parent.parent
+REQUEST = "examples/request.json"
+
+
+def _shown_response() -> dict:
+    """The JSON block right after the README's curl command that posts examples/request.json."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    found = re.search(rf"-d @{re.escape(REQUEST)}\n```\n+```json\n(.*?)\n```", readme, re.DOTALL)
+    assert found, f"the README's curl command posting {REQUEST}, followed by the response it shows"
+    return json.loads(found.group(1))
+
+
+def _leaves(value, path=()):
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from _leaves(item, (*path, key))
+    else:
+        yield path, value
+
+
+def test_the_readme_shows_what_the_server_answers_its_first_request(real_decider):
+    shown = _shown_response()
+    # a new decider as `typedlm serve` makes it (the shipped calibration, an empty prefix cache), sharing the model
+    served = Decider(LoadedModel(real_decider.engine.model, real_decider.tokenizer, real_decider.name))
+    body = json.loads((ROOT / REQUEST).read_text(encoding="utf-8"))
+    got = served.respond(body)
+    assert got["usage"] == shown["usage"], "input and cached tokens as the README shows them"
+    got_leaves, shown_leaves = dict(_leaves(got)), dict(_leaves(shown))
+    assert got_leaves.keys() == shown_leaves.keys(), "the same shape"
+    for path, value in shown_leaves.items():
+        if isinstance(value, float):  # the README rounds to three places
+            assert got_leaves[path] == pytest.approx(value, abs=6e-4), path
+        else:
+            assert got_leaves[path] == value, path
