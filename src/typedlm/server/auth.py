@@ -23,8 +23,10 @@ SCHEME = "bearer "  # RFC 7235: the scheme is case-insensitive, one space, then 
 def check_bearer(request: Request, keys: tuple[str, ...]) -> None:
     """Raise 401 unless auth is off or the one `Authorization` header is `Bearer <key>` with a configured key.
 
-    The token is compared as sent: no trimming, no folding of spaces, tabs or control characters (a key padded
-    with them is not the key); two Authorization headers are refused rather than one of them picked."""
+    The token is compared as the HTTP parser hands it over: no trimming, no folding of spaces, tabs or control
+    characters (a key with any inside or after it is not the key). The parser has already dropped spaces and tabs
+    around the whole value, which are not part of it in HTTP (RFC 9110 5.5), so those are accepted. Two
+    Authorization headers are refused rather than one of them picked."""
     if not keys:
         return
     headers = request.headers.getlist("authorization")
