@@ -4,8 +4,9 @@
     app = create_app(ModelProcess(load, settings), settings)           # the model in a process of its own
 
 Routes: POST /v1/systemone, GET /v1/models, POST /v1/chat/completions, GET /health, GET /metrics (Prometheus),
-the playground at / and /playground, docs at /docs (Swagger UI from local files). Every request is observed once
-(`metrics`): its route, status, time, tokens and questions, for the metrics and the request log.
+the playground at / and /playground, docs at /docs (Swagger UI 5, which reads OpenAPI 3.1, from local files).
+Every request is observed once (`metrics`): its route, status, time, tokens and questions, for the metrics and the
+request log.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from swagger_ui_bundle import swagger_ui_path
 
 from typedlm.core.answers import Response
 from typedlm.core.errors import InvalidRequest, LimitExceeded
@@ -37,7 +37,7 @@ from typedlm.server.settings import ServerSettings
 from typedlm.server.status import model_not_found
 
 VERSION = "0.1.0"
-DOCS_ASSETS = "/docs-assets"  # Swagger UI's files, served from the swagger-ui-bundle package: /docs works offline
+DOCS_ASSETS = "/docs-assets"  # Swagger UI's files, served from the fastapi-offline package: /docs works offline
 
 
 def _responses(statuses: dict[int, str], body: type = schemas.ErrorBody) -> dict[int | str, dict[str, Any]]:
@@ -72,7 +72,8 @@ def create_app(model: DeciderLike | ServedModel, settings: ServerSettings | None
         docs_url=None,  # served below from local files, not a CDN
         redoc_url=None,
     )
-    app.mount(DOCS_ASSETS, StaticFiles(directory=swagger_ui_path), name="docs-assets")
+    # Swagger UI 5 (fastapi-offline's copy): FastAPI writes OpenAPI 3.1, which Swagger UI 4 cannot render
+    app.mount(DOCS_ASSETS, StaticFiles(packages=[("fastapi_offline", "static")]), name="docs-assets")
 
     playground_page = (Path(__file__).with_name("static") / "playground.html").read_text(encoding="utf-8")
 
@@ -89,7 +90,7 @@ def create_app(model: DeciderLike | ServedModel, settings: ServerSettings | None
             title=f"{app.title} API",
             swagger_js_url=f"{DOCS_ASSETS}/swagger-ui-bundle.js",
             swagger_css_url=f"{DOCS_ASSETS}/swagger-ui.css",
-            swagger_favicon_url=f"{DOCS_ASSETS}/favicon-32x32.png",
+            swagger_favicon_url=f"{DOCS_ASSETS}/favicon.png",
         )
 
     metrics = ServerMetrics(served.describe(), lambda: served.pending, served.stats)
