@@ -469,12 +469,11 @@ def _raw_post(url: str, authorization: bytes) -> int:
 
 @pytest.fixture(scope="module")
 def serve_keyed_server_url():
-    """A keyed server on `typedlm serve`'s own HTTP protocol (h11 with a head deadline), whose parser may differ from
-    the one `fake_keyed_server_url` gets (httptools where installed) in what it strips from a header value."""
-    from typedlm.server.protocol import with_head_timeout
-
+    """A keyed server on h11, the parser of `typedlm serve`'s own HTTP protocol (server/protocol.py subclasses
+    uvicorn's h11 one), which may differ from the one `fake_keyed_server_url` gets (httptools where installed) in
+    what it strips from a header value."""
     app = create_app(FakeDecider(), ServerSettings(api_keys=("key-one", "key-two")))
-    with ServerThread(app, http=with_head_timeout()) as url:
+    with ServerThread(app, http="h11") as url:
         yield url
 
 
