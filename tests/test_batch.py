@@ -66,7 +66,7 @@ def test_every_row_gets_its_record_in_order_with_the_servers_answer_or_error(rea
     _write(source, _rows(), broken_line=3)
     summary = run_batch(real_decider, source, out, aliases=("jev-latest",))
     records = _records(out)
-    assert [r["id"] for r in records] == [0, "ticket-7", 2, 3, 4, 5]
+    assert [r["id"] for r in records] == [1, "ticket-7", 3, 4, 5, 6], "a row's own id, else its line number"
     assert (summary.rows, summary.answered, summary.errors) == (6, 6, 3)
     _same_response(records[0]["response"], real_decider.respond(_rows()[0]))
     assert records[1]["response"]["x_calibration"] == "raw"
@@ -78,6 +78,17 @@ def test_every_row_gets_its_record_in_order_with_the_servers_answer_or_error(rea
                    "smollm2-135m-instruct, jev-latest"},
     }  # fmt: skip
     assert "response" in records[5]
+
+
+def test_a_row_without_an_id_gets_its_line_number_blank_lines_counted(real_decider, tmp_path):
+    source, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    row = {"state": "Where is my parcel?", "questions": QUESTIONS}
+    lines = ["", json.dumps(row), "", "", json.dumps({**row, "id": "own"}), "  \t", json.dumps(row), "{broken", ""]
+    source.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    summary = run_batch(real_decider, source, out)
+    assert (summary.rows, summary.answered, summary.errors) == (4, 4, 1)
+    assert [r["id"] for r in _records(out)] == [2, "own", 7, 8], "the line an editor shows each row on"
+    assert [number for number, _ in read_rows(source, skip=2)] == [7, 8], "a resumed run numbers rows the same"
 
 
 def test_a_run_resumes_after_the_records_already_written(real_decider, tmp_path):
@@ -112,9 +123,7 @@ def test_a_state_column_with_the_questions_given_once_and_parquet_input(real_dec
     _same_response(
         records[1]["response"], real_decider.respond({"state": "Where is my parcel?", "questions": QUESTIONS})
     )
-    assert [row for _, row in read_rows(tmp_path / "in.parquet", skip=1)] == [
-        {"id": "b", "state": "Where is my parcel?"}
-    ]
+    assert list(read_rows(tmp_path / "in.parquet", skip=1)) == [(2, {"id": "b", "state": "Where is my parcel?"})]
 
 
 def test_the_cli_job_killed_midway_and_run_again_writes_every_row_once(tmp_path):
@@ -165,6 +174,8 @@ def test_on_ray_two_actors_give_the_in_process_records(real_decider, tmp_path):
     rows = [{"id": i, "state": f"Ticket {i}: order {200 + i} {'never came' if i % 2 else 'was charged twice'}.",
              "questions": QUESTIONS} for i in range(9)]  # fmt: skip
     _write(source, [*rows[:4], *_rows()[2:4], *rows[4:]], broken_line=5)
+    lines = source.read_text(encoding="utf-8").splitlines(keepends=True)
+    source.write_text("".join([*lines[:4], "\n", *lines[4:6], "  \n", *lines[6:]]), encoding="utf-8")  # lines 5, 8
     in_process, on_ray = tmp_path / "local.jsonl", tmp_path / "ray.jsonl"
     run_batch(real_decider, source, in_process, aliases=("jev-latest",))
     options = {"model": None, "device": "cpu", "dtype": "float32", "calibration": "raw", "choice_answers": "letters",
@@ -176,7 +187,7 @@ def test_on_ray_two_actors_give_the_in_process_records(real_decider, tmp_path):
         ray.shutdown()
     want, got = _records(in_process), _records(on_ray)
     assert (summary.rows, summary.answered, summary.errors) == (12, 12, 3)
-    assert [r["id"] for r in got] == [r["id"] for r in want] == [0, 1, 2, 3, 4, 5, 6, 4, 5, 6, 7, 8]
+    assert [r["id"] for r in got] == [r["id"] for r in want] == [0, 1, 2, 3, 6, 7, 9, 4, 5, 6, 7, 8]
     for g, w in zip(got, want, strict=True):
         if "error" in w:
             assert g == w

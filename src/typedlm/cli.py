@@ -193,7 +193,12 @@ def build_parser() -> argparse.ArgumentParser:
         "batch", help="answer a file of /v1/systemone request bodies (JSON Lines or Parquet) into JSON Lines, resumable"
     )
     batch.add_argument("input", help="JSON Lines (one request body per line) or .parquet (one per row; needs pyarrow)")
-    batch.add_argument("--out", required=True, help="JSON Lines of records in input order; a re-run resumes it")
+    batch.add_argument(
+        "--out",
+        required=True,
+        help="JSON Lines of records in input order; a record's id is its row's own id field, else the row's line "
+        "number in INPUT (1-based, blank lines counted; Parquet: its row number, 1-based); a re-run resumes it",
+    )
     batch.add_argument("--questions", default=None, help="a JSON file of questions asked of every row's state")
     batch.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     batch.add_argument("--ray", action="store_true", help="run on Ray Data: a pool of actors, one decider each")

@@ -6,7 +6,8 @@ Input: JSON Lines (one request body per line) or Parquet (one per row; needs pya
 with the questions given once (`questions=`). Output: JSON Lines, row by row in input order, each
 `{"id": ..., "response": {...}}` with the server's response body, or `{"id": ..., "error": {"status": ...,
 "detail": ...}}` with the status and body the server would answer (`server.status.error_status`); `id` is the row's
-own "id" field, else its 0-based row number. A bad row becomes an error record, never a failed job.
+own "id" field, else its line number in the input (1-based, blank lines counted: what an editor shows; Parquet: its
+1-based row number). A bad row becomes an error record, never a failed job.
 
 Resumable: the output is appended to; a run first counts the complete records already there (a last line cut off
 by a crash is dropped) and skips as many rows, so a re-run after a crash writes every row exactly once.
@@ -47,28 +48,30 @@ def count_rows(path: str | Path) -> int:
 
 
 def read_rows(path: str | Path, skip: int = 0) -> Iterator[tuple[int, Any]]:
-    """(row number, row) from a JSON Lines or Parquet file, after the first `skip` rows. A JSON Lines row that is
-    not JSON is yielded as an `InvalidRequest`, to become its row's error record."""
+    """(line number, row) from a JSON Lines file, or (row number, row) from Parquet, both 1-based, after the first
+    `skip` rows. Blank lines are not rows, but they are counted in line numbers, so that a row's number is the line
+    an editor shows it on. A JSON Lines row that is not JSON is yielded as an `InvalidRequest`, to become its row's
+    error record."""
     path = Path(path)
     if path.suffix == ".parquet":
-        number = 0
+        rows = 0
         for chunk in _parquet(path).iter_batches():
             for row in chunk.to_pylist():
-                if number >= skip:
-                    yield number, row
-                number += 1
+                rows += 1
+                if rows > skip:
+                    yield rows, row
         return
     with path.open(encoding="utf-8") as f:
-        number = 0
-        for line in f:
+        rows = 0
+        for number, line in enumerate(f, start=1):
             if not line.strip():
                 continue
-            if number >= skip:
+            rows += 1
+            if rows > skip:
                 try:
                     yield number, json.loads(line)
                 except json.JSONDecodeError as exc:
                     yield number, InvalidRequest(f"the row is not valid JSON: {exc}", (), "json_invalid")
-            number += 1
 
 
 def _parquet(path: Path):
@@ -94,6 +97,7 @@ def resume(path: str | Path) -> int:
 
 
 def row_id(number: int, row: Any) -> Any:
+    """A record's id: the row's own "id" field, else `number`, its line (or Parquet row) number from `read_rows`."""
     return row["id"] if isinstance(row, Mapping) and "id" in row else number
 
 
@@ -122,7 +126,7 @@ def _decide_group(decider, group: list) -> list:
 def answer_rows(
     decider, rows: list[tuple[int, Any]], questions: Mapping[str, Any] | None = None, served: Iterable[str] = ()
 ) -> list[dict[str, Any]]:
-    """The records of rows (row number, row) in order: every valid row prepared, then answered by as few forwards
+    """The records of rows (line number, row) in order: every valid row prepared, then answered by as few forwards
     as the decider batches (`max_batch` rows and MAX_BATCH_TOKENS tokens each); `served`: the model names a row may
     give (default: the decider's own)."""
     served = tuple(served) or (decider.name,)
