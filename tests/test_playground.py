@@ -78,3 +78,63 @@ def test_a_refused_request_shows_the_servers_message(page, server_url):
     page.click("#ask")
     error = page.wait_for_selector("#answers .error")
     assert "422" in error.inner_text() and "2 to 255" in error.inner_text()
+
+
+def test_two_questions_with_one_id_are_reported_and_nothing_is_sent(page, fake_server_url):
+    page.goto(fake_server_url + "/playground")
+    page.wait_for_selector("#questions .question")
+    sent: list[str] = []
+
+    def note(request) -> None:
+        if "/v1/systemone" in request.url:
+            sent.append(request.url)
+
+    page.on("request", note)
+    page.fill("#questions .question:nth-child(3) .qid", " billing ")  # the first question's id, typed again
+    page.click("#ask")
+    error = page.wait_for_selector("#questions .question:nth-child(3) .qid-error", timeout=5_000)
+    assert "billing" in error.inner_text() and "already" in error.inner_text()
+    assert len(page.query_selector_all("#questions .qid-error")) == 1  # on the later question only
+    page.wait_for_timeout(300)
+    assert not sent and "not sent" in page.inner_text("#answers")
+    # a fixed id: the error goes and the request is sent
+    page.fill("#questions .question:nth-child(3) .qid", "urgency")
+    page.click("#ask")
+    page.wait_for_selector(".answer[data-qid=urgency]")
+    assert not page.query_selector_all("#questions .qid-error") and len(sent) == 1
+    # a question added after one was removed gets an id of its own (not the count's, q4 again)
+    page.click("[data-add=noul]")
+    page.click("#questions .question:nth-child(1) .remove")
+    page.click("[data-add=score]")
+    ids = page.eval_on_selector_all("#questions .qid", "els => els.map(e => e.value)")
+    assert ids[:3] == ["tone", "urgency", "q4"] and len(set(ids)) == 4
+    page.remove_listener("request", note)
+
+
+def in_viewport(page, selector: str) -> bool:
+    """Whether the element's top line is on screen."""
+    return page.eval_on_selector(
+        selector, "e => { const r = e.getBoundingClientRect(); return r.top >= 0 && r.top < innerHeight; }"
+    )
+
+
+def test_answers_and_errors_arrive_in_view_of_a_scrolled_page(page, fake_server_url):
+    page.set_viewport_size({"width": 1100, "height": 600})
+    page.goto(fake_server_url + "/playground")
+    page.wait_for_selector("#questions .question")
+    for _ in range(3):
+        page.click("[data-add=noul]")
+    page.evaluate("window.scrollTo(0, document.body.scrollHeight)")
+    assert not in_viewport(page, "#answers"), "the page is scrolled past the answers"
+    page.click("#ask")
+    page.wait_for_selector(".answer[data-qid=q6]")
+    assert in_viewport(page, ".answer")
+    # a refused request, asked from the bottom of the page again: its message is in view
+    page.select_option("#questions .question:nth-child(2) .qtype", "choice")
+    page.fill("#questions .question:nth-child(2) .criteria", "only one option")
+    page.evaluate("window.scrollTo(0, document.body.scrollHeight)")
+    assert not in_viewport(page, "#answers")
+    page.click("#ask")
+    page.wait_for_selector("#answers .error")
+    assert in_viewport(page, "#answers .error")
+    page.set_viewport_size({"width": 1280, "height": 720})
