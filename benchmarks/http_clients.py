@@ -54,14 +54,14 @@ async def _load(job: dict) -> None:
 
 @contextmanager
 def served(app) -> Iterator[tuple[str, threading.Thread]]:
-    """The app on a loopback port (uvicorn with the head-deadline protocol and no access log, as `typedlm serve`
+    """The app on a loopback port (uvicorn with the bounded protocol and no access log, as `typedlm serve`
     runs it) in a thread of this process, until the block ends: its URL and the server's thread."""
     import uvicorn
 
-    from typedlm.server.protocol import with_head_timeout
+    from typedlm.server.protocol import bounded_protocol
 
     config = uvicorn.Config(
-        app, host="127.0.0.1", port=0, log_level="warning", access_log=False, http=with_head_timeout()
+        app, host="127.0.0.1", port=0, log_level="warning", access_log=False, http=bounded_protocol()
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)

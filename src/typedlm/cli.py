@@ -33,7 +33,7 @@ from typedlm.offline.evaldata import DATASETS
 from typedlm.offline.evaluate import SPLITS
 from typedlm.runtime.catalog import NAMED_MODELS, named_model, short_names
 from typedlm.runtime.models import EMBEDDED_MODEL, RECOMMENDED_MODEL
-from typedlm.server.settings import API_KEYS_ENV, DEFAULT_MAX_BATCH, HEAD_TIMEOUT_S
+from typedlm.server.settings import API_KEYS_ENV, BODY_TIMEOUT_S, DEFAULT_MAX_BATCH, HEAD_TIMEOUT_S, PENDING_BODIES
 
 if TYPE_CHECKING:
     from typedlm.server.options import ServeOptions
@@ -114,7 +114,20 @@ def build_parser() -> argparse.ArgumentParser:
         default=HEAD_TIMEOUT_S,
         help=f"seconds a request's line and headers may take to arrive, else 408 (default {HEAD_TIMEOUT_S:g})",
     )
+    serve.add_argument(
+        "--body-timeout",
+        type=float,
+        default=BODY_TIMEOUT_S,
+        help=f"seconds a request's body may take to arrive whole after its head, else 408 (default {BODY_TIMEOUT_S:g})",
+    )
     serve.add_argument("--max-body-bytes", type=int, default=8 << 20, help="request body limit, after decompression")
+    serve.add_argument(
+        "--max-pending-body-bytes",
+        type=int,
+        default=None,
+        help="bytes of request bodies still arriving, held across connections; a request that would pass it gets "
+        f"503 + Retry-After (default {PENDING_BODIES} x --max-body-bytes, 64 MiB)",
+    )
     serve.add_argument(
         "--log-format",
         choices=("text", "json"),
@@ -311,7 +324,7 @@ def serve(args: argparse.Namespace) -> int:
     from typedlm.server import create_app
     from typedlm.server.heap import freeze_start_up_objects
     from typedlm.server.model_process import ModelProcess
-    from typedlm.server.protocol import with_head_timeout
+    from typedlm.server.protocol import bounded_protocol
 
     if args.max_queue < 1:
         raise InvalidRequest("--max-queue must be at least 1")
@@ -319,6 +332,13 @@ def serve(args: argparse.Namespace) -> int:
         raise InvalidRequest("--max-batch must be at least 1")
     if not args.head_timeout > 0:
         raise InvalidRequest("--head-timeout must be positive")
+    if not args.body_timeout > 0:
+        raise InvalidRequest("--body-timeout must be positive")
+    pending_body_bytes = args.max_pending_body_bytes
+    if pending_body_bytes is None:
+        pending_body_bytes = PENDING_BODIES * args.max_body_bytes
+    elif not pending_body_bytes >= args.max_body_bytes:
+        raise InvalidRequest("--max-pending-body-bytes must be at least --max-body-bytes (one whole body must fit)")
     _check_listen(args.host, args.port)
     if args.replicas is not None:
         return serve_replicas(args)
@@ -346,7 +366,7 @@ def serve(args: argparse.Namespace) -> int:
             timeout_graceful_shutdown=60,
             access_log=False,  # the request log (typedlm.requests) says more, one line per request
             timeout_keep_alive=KEEP_ALIVE_S,
-            http=with_head_timeout(args.head_timeout),
+            http=bounded_protocol(args.head_timeout, args.body_timeout, pending_body_bytes),
         )
     )
     if isinstance(model, ModelProcess):  # the model process gone: stop serving (for a supervisor to restart us)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 DEFAULT_ALIASES = ("jev-latest",)
 API_KEYS_ENV = "TYPEDLM_API_KEYS"
 HEAD_TIMEOUT_S = 10.0  # seconds a request's line and headers may take to arrive (see server.protocol)
+BODY_TIMEOUT_S = 30.0  # seconds a request's body may take to arrive whole after its head (see server.protocol)
 
 
 def keys_from_env(environ: dict[str, str] | None = None) -> tuple[str, ...]:
@@ -32,3 +33,10 @@ class ServerSettings:
     retry_after_s: int = 1
     release_date: str = "2026-11-29"  # reported by /v1/models
     log_format: str = "text"  # the per-request log line: "text" (key=value) or "json"
+
+
+# bodies of the largest size (`max_body_bytes`) that may be arriving at once, by default: the bytes of bodies not yet
+# whole are held in the server's memory, bounded across connections by this many times the body limit (see
+# server.protocol; 64 MiB by default, against the ~70 MB the HTTP process holds at rest)
+PENDING_BODIES = 8
+MAX_PENDING_BODY_BYTES = PENDING_BODIES * ServerSettings.max_body_bytes
