@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from typedlm.core.errors import ModelError
-from typedlm.text.labels import Labeler, LabelSet, choice_labels, score_labels
+from typedlm.text.labels import MAX_NAME_CHARS, Labeler, LabelSet, choice_labels, score_labels, tree_fits
 from typedlm.text.prompt import ChatLayout
 
 
@@ -81,3 +81,26 @@ def test_names_that_begin_one_another_or_grow_too_long_are_read_by_letter(labele
     assert not labeler.can_name(("ok", "ok"))
     long = tuple(f"option number {i} with a long and winding name, {i} times over" for i in range(20))
     assert not labeler.can_name(long), "the label tree would exceed MAX_NAME_NODES tokens"
+
+
+def test_long_option_names_cost_what_they_hold_and_leave_bounded_memory(labeler):
+    # A name of thousands of tokens has as many label-tree prefixes, each as long as its place: built and kept, one
+    # 30,000-character name held about 300 MB. A name past MAX_NAME_CHARS is not tokenized at all; shorter ones
+    # only until the tree outgrows MAX_NAME_NODES; and what is remembered counts its bytes.
+    words = [f"w{i}" for i in range(8_000)]
+    huge = (" ".join(words[:6_000]), " ".join(words[1:6_001]))  # ~40,000 characters each
+    before = labeler.named.nbytes
+    assert not labeler.can_name(huge)
+    assert labeler.named.nbytes - before < 200_000, "only the names are kept, with the answer that they cannot be read"
+    near = tuple(" ".join(words[k : k + MAX_NAME_CHARS // 6]) for k in range(3))  # under the characters' bound
+    assert all(len(name) <= MAX_NAME_CHARS for name in near) and not labeler.can_name(near)
+    with pytest.raises(ModelError, match="cannot be read by their names"):
+        labeler.names(near)
+
+
+def test_a_label_tree_is_counted_only_until_it_outgrows_its_bound():
+    # forms of a million tokens: counting every prefix would take hours; the count stops at the bound
+    assert not tree_fits([tuple(range(1_000_000))], 128)
+    assert not tree_fits(((3, k, k + 1) for k in range(10**12)), 128)  # stops after the first 128 forms
+    assert tree_fits([(1,) * 129], 128) and not tree_fits([(1,) * 130], 128)
+    assert tree_fits([(1, 2, 3), (1, 2, 4), (5,)], 2)  # inner nodes (1,), (1, 2): shared prefixes count once

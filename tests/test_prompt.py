@@ -10,6 +10,7 @@ from transformers import AutoTokenizer
 from typedlm.core.errors import ModelError
 from typedlm.core.questions import ChoiceQuestion, NoulQuestion, ScoreQuestion
 from typedlm.text.prompt import (
+    DOCUMENT_CACHE_BYTES,
     QUESTION_OPEN,
     SYSTEM_PROMPT,
     ChatLayout,
@@ -146,9 +147,10 @@ def test_suffixes_equal_the_whole_prompts_tokenized_alone(layout, state):
         assert prompt.prefix_ids + suffix == whole
 
 
-def test_remembered_documents_and_suffixes_equal_fresh_tokenizations(tokenizer, monkeypatch):
+@pytest.mark.parametrize("budget", [DOCUMENT_CACHE_BYTES, 12_000])  # every document kept; only some, evicting
+def test_remembered_documents_and_suffixes_equal_fresh_tokenizations(tokenizer, monkeypatch, budget):
     # Documents that differ only next to the cut, each asked twice (the second time from memory), in turn.
-    monkeypatch.setattr("typedlm.text.prompt.DOCUMENT_CACHE_ENTRIES", 3)
+    monkeypatch.setattr("typedlm.text.prompt.DOCUMENT_CACHE_BYTES", budget)
     layout = ChatLayout(tokenizer)
     states = ["ends with a", "ends with a.", "ends with >", "ends with a\n</document", "ends with\n\n", "x" * 300]
     states += ["1234567890" * 40, "東京" * 100 + "。", "a" + " " * 200 + "\tb", "<" * 120, "word\n" * 100 + "\u2060"]
@@ -158,10 +160,17 @@ def test_remembered_documents_and_suffixes_equal_fresh_tokenizations(tokenizer, 
             whole = layout.encode(layout.prefix_text(state) + layout.suffix_text(question))
             assert tokenized.prefix_ids + suffix == whole
         assert tokenized.prefix_array.tolist() == tokenized.prefix_ids and not tokenized.prefix_array.flags.writeable
-        # the cut held (a byte-level token may start inside a character: then the window check fails safely)
-        assert layout.cut_holds(state) or not state.isascii()
-    assert len(layout._documents) == 3  # the least recently used documents were forgotten
-    assert len(layout._tail_cache) == len(QUESTIONS)  # the text after the cut is the same for every document
+        # the cut held (a byte-level token may start inside a character: then the window check fails safely), and
+        # the document is remembered unless it is over a quarter of the budget
+        held = layout.cut_holds(state)  # None: not remembered
+        assert held or not state.isascii() or (budget < DOCUMENT_CACHE_BYTES and held is None)
+    stats = layout.documents.stats()
+    assert 0 < stats["bytes"] <= budget
+    if budget == DOCUMENT_CACHE_BYTES:
+        assert len(layout.documents) == len(states) and stats["hits"] >= len(states) and not stats["evictions"]
+    else:  # the least recently used documents were forgotten
+        assert stats["evictions"] > 0 and 0 < len(layout.documents) < len(states)
+    assert len(layout.tails) == len(QUESTIONS)  # the text after the cut is the same for every document
 
 
 def test_threads_tokenizing_at_once_get_what_one_thread_gets(tokenizer, monkeypatch):
@@ -169,8 +178,8 @@ def test_threads_tokenizing_at_once_get_what_one_thread_gets(tokenizer, monkeypa
     small enough to evict while they run: every prompt equals a lone layout's."""
     from concurrent.futures import ThreadPoolExecutor
 
-    monkeypatch.setattr("typedlm.text.prompt.DOCUMENT_CACHE_ENTRIES", 5)
-    monkeypatch.setattr("typedlm.text.prompt.TAIL_CACHE_ENTRIES", 4)
+    monkeypatch.setattr("typedlm.text.prompt.DOCUMENT_CACHE_BYTES", 60_000)
+    monkeypatch.setattr("typedlm.text.prompt.TAIL_CACHE_BYTES", 4_000)
     states = [f"ticket {i}: " + "the parcel came late and broken. " * (i % 7 + 1) for i in range(24)] + STATES
     states += [f"long ticket {i}: " + "the parcel came late and broken. " * 70 for i in range(8)]  # cut in pieces
     jobs = [(state, QUESTIONS[i % 3 :] or QUESTIONS) for i, state in enumerate(states * 3)]
@@ -200,9 +209,9 @@ def test_object_states_and_unhashable_questions_are_remembered_apart(tokenizer):
         for question, suffix in zip([unhashable, QUESTIONS[0]], tokenized.suffix_ids, strict=True):
             whole = layout.encode(layout.prefix_text(state) + layout.suffix_text(question))
             assert tokenized.prefix_ids + suffix == whole
-    assert len(layout._documents) == 2
+    assert len(layout.documents) == 2
     assert layout.cut_holds(document) is True and layout.cut_holds({"ticket": 8}) is None
-    assert list(layout._suffix_texts) == [QUESTIONS[0]]
+    assert len(layout.suffix_texts) == 1 and layout.suffix_texts.peek(QUESTIONS[0]) is not None
 
 
 def test_a_cut_that_fails_its_check_tokenizes_every_prompt_whole(tokenizer, monkeypatch):
@@ -266,5 +275,5 @@ def test_a_sentencepiece_style_tokenizer_gets_the_whole_prompts_the_question_ope
     assert layout.tokenize(state, QUESTIONS[1:]).prefix_ids == prompt.prefix_ids
     # tokenized alone, a text gets a leading ▁ here: the cut holds behind the anchor (a special token) instead, so a
     # document is not tokenized once per question
-    cut = layout._documents["state", state]
+    cut = layout.documents.peek(("state", state))
     assert cut.tail is not None and cut.anchored

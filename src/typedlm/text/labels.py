@@ -12,10 +12,13 @@ of this when it is built; `Labeler` builds them from a tokenizer, in context, an
 from __future__ import annotations
 
 import string
+from collections.abc import Iterable
 from dataclasses import dataclass
-from functools import cache, cached_property, lru_cache
+from functools import cache, cached_property
 from itertools import product
+from typing import Any
 
+from typedlm.core.bounded import BoundedCache, ids_bytes, texts_bytes
 from typedlm.core.errors import ModelError
 from typedlm.core.questions import Question
 
@@ -35,7 +38,10 @@ def choice_labels(n: int) -> list[str]:
 
 
 MAX_NAME_NODES = 128  # label-tree tokens a choice read by option names may take (else it is read by letters)
-NAMED_LABEL_SETS = 4096  # option-name label sets remembered per labeler
+MAX_CHARS_PER_TOKEN = 32  # no tokenizer packs more text than this into one token of real text: text longer than
+# this many characters per token of a limit is over it before it is tokenized (a name, a request's text)
+MAX_NAME_CHARS = (MAX_NAME_NODES + 1) * MAX_CHARS_PER_TOKEN  # a longer option name cannot be read by name
+NAMED_LABEL_BYTES = 16 << 20  # option-name label sets remembered per labeler (their names and token ids)
 
 
 def score_labels(n: int) -> list[str]:
@@ -54,6 +60,20 @@ LABEL_FORMS = {
 
 def _is_prefix(short: TokenSeq, long: TokenSeq) -> bool:
     return len(short) <= len(long) and long[: len(short)] == short
+
+
+def tree_fits(forms: Iterable[TokenSeq], max_nodes: int) -> bool:
+    """Whether the forms' proper non-empty prefixes (a label tree's inner nodes) number at most `max_nodes`;
+    stops as soon as they do not, so its cost is bounded by `max_nodes`, not by the forms' lengths."""
+    nodes: set[TokenSeq] = set()
+    for form in forms:
+        if len(form) - 1 > max_nodes:
+            return False
+        for k in range(1, len(form)):
+            nodes.add(form[:k])
+        if len(nodes) > max_nodes:
+            return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -91,6 +111,9 @@ class LabelSet:
         return max(len(form) for forms in self.groups for form in forms)
 
 
+_UNKNOWN = object()  # names not looked at yet (None: looked at, and cannot be read by name)
+
+
 class Labeler:
     """Encodes labels as the model would emit them after `context` (the assistant turn opening)."""
 
@@ -98,6 +121,8 @@ class Labeler:
         self._tokenizer = tokenizer
         self._context = context
         self._context_ids = self._encode(context)
+        # option names -> their label set, or None where they cannot be read by name
+        self.named: BoundedCache[tuple[str, ...], Any] = BoundedCache("option_names", NAMED_LABEL_BYTES)
 
     def _encode(self, text: str) -> list[int]:
         return list(self._tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -134,19 +159,43 @@ class Labeler:
             return self.names(tuple(name for name, _ in question.options))
         return self.labels(question.kind, question.size)
 
-    @lru_cache(maxsize=NAMED_LABEL_SETS)  # noqa: B019 - a Labeler lives as long as its model
     def names(self, names: tuple[str, ...]) -> LabelSet:
-        """The label set of options answered by their names: one form per option, the name exactly as written."""
-        return self.label_set([[name] for name in names])
+        """The label set of options answered by their names: one form per option, the name exactly as written.
+
+        Raises:
+            ModelError: the names cannot be read by name (see `can_name`).
+        """
+        labels = self._named_labels(names)
+        if labels is None:
+            raise ModelError(f"options {list(names)[:4]}... cannot be read by their names with this tokenizer")
+        return labels
 
     def can_name(self, names: tuple[str, ...]) -> bool:
         """Whether options with these names can be read by name: every name encodes as itself after the context,
-        no name's tokens begin another's, and the label tree stays within MAX_NAME_NODES tokens."""
+        no name's tokens begin another's, and the label tree stays within MAX_NAME_NODES tokens. A name longer
+        than MAX_NAME_CHARS is not tokenized at all, and the tree is counted only until it outgrows its bound: the
+        cost is linear in the names' length and bounded whatever they hold."""
+        return self._named_labels(names) is not None
+
+    def _named_labels(self, names: tuple[str, ...]) -> LabelSet | None:
+        found = self.named.get(names, _UNKNOWN)
+        if found is not _UNKNOWN:
+            return found
+        labels = self._read_names(names)
+        size = texts_bytes(names) + (sum(ids_bytes(form) for forms in labels.groups for form in forms) if labels else 0)
+        return self.named.put(names, labels, size)
+
+    def _read_names(self, names: tuple[str, ...]) -> LabelSet | None:
+        if any(len(name) > MAX_NAME_CHARS for name in names):
+            return None
+        forms = [self.encode(name) for name in names]  # as much text as the prompt holds, tokenized once more
+        if any(form is None for form in forms) or not tree_fits(forms, MAX_NAME_NODES):
+            return None
         try:
-            labels = self.names(names)
-        except ModelError:
-            return False
-        return len(labels.inner_nodes) <= MAX_NAME_NODES and all(len(forms) == 1 for forms in labels.groups)
+            labels = LabelSet.build([[form] for form in forms])
+        except ModelError:  # one name's tokens begin another's
+            return None
+        return labels if all(len(group) == 1 for group in labels.groups) else None
 
     def verify(self, max_options: int, max_levels: int) -> None:
         """Build the largest label sets once, so a tokenizer that cannot serve them fails at load time."""

@@ -26,14 +26,13 @@ pieces side by side (`typedlm.text.pieces`), each seam checked the same way.
 from __future__ import annotations
 
 import json
-import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
 
+from typedlm.core.bounded import BoundedCache, ids_bytes, text_bytes
 from typedlm.core.errors import ModelError
 from typedlm.core.questions import ChoiceQuestion, NoulQuestion, Question, ScoreQuestion, Text
 from typedlm.text.labels import choice_labels, score_labels
@@ -92,10 +91,10 @@ DOCUMENT_OPEN = "<document>\n"
 DOCUMENT_CLOSE = "\n</document>"
 QUESTION_LEAD = "\n\n"
 QUESTION_OPEN = "Question:"  # how every question block starts (the prefix ends with it; see `ChatLayout`)
-DOCUMENT_CACHE_ENTRIES = 64  # documents whose prefix ids and checked cut are remembered
+DOCUMENT_CACHE_BYTES = 64 << 20  # documents whose prefix ids and checked cut are remembered (texts and ids)
 TAIL_TOKENS = 48  # the prefix's last tokens, re-tokenized with the first question to check the cut
-TAIL_CACHE_ENTRIES = 8192  # suffixes whose ids after the cut are remembered
-SUFFIX_TEXT_ENTRIES = 8192  # questions whose suffix text is remembered
+TAIL_CACHE_BYTES = 32 << 20  # suffixes whose ids after the cut are remembered (texts and ids)
+SUFFIX_TEXT_BYTES = 32 << 20  # questions whose suffix text is remembered (questions and texts)
 PREFIX_CHUNK = 256  # token ids compared at a time by common_prefix_length
 WORD_JOINER = "\u2060"  # invisible; breaks a control-token string in user text into plain text
 _STATE = "\x00typedlm-state\x00"
@@ -195,6 +194,12 @@ class _Cut:
         array.setflags(write=False)
         return array
 
+    @property
+    def nbytes(self) -> int:
+        """What the cut keeps alive: its ids (as Python ints and as the array) and its tail's text."""
+        n = len(self.head_ids) + len(self.tail_ids)
+        return ids_bytes(n) + 8 * n + (text_bytes(self.tail) if self.tail else 0)
+
 
 @dataclass(frozen=True)
 class TokenizedPrompt:
@@ -236,11 +241,11 @@ class ChatLayout:
         self.question_opening = f"{QUESTION_LEAD}{QUESTION_OPEN}"  # every suffix's shared start, in the prefix
         self.prefix_close = f"{self.document_close}{self.question_opening}"  # the prefix after the state
         self.system_ids = self.encode(head)
-        self._documents: OrderedDict[tuple[str, str], _Cut] = OrderedDict()  # state or prefix text -> its cut
-        self._tail_cache: OrderedDict[tuple[bool, str], tuple[int, ...]] = OrderedDict()  # (anchored, close piece +
-        # suffix) -> ids
-        self._suffix_texts: dict[Question, str] = {}  # question -> its suffix text (oldest dropped first)
-        self._lock = threading.Lock()  # the caches above are shared by the threads that tokenize
+        # Remembered across requests, each bounded in bytes and shared by the threads that tokenize:
+        # (state or prefix text) -> its cut; (anchored, close piece + suffix) -> ids; question -> its suffix text
+        self.documents: BoundedCache[tuple[str, str], _Cut] = BoundedCache("documents", DOCUMENT_CACHE_BYTES)
+        self.tails: BoundedCache[tuple[bool, str], tuple[int, ...]] = BoundedCache("tails", TAIL_CACHE_BYTES)
+        self.suffix_texts: BoundedCache[Question, str] = BoundedCache("suffix_texts", SUFFIX_TEXT_BYTES)
         # Strings the tokenizer turns into control tokens (<|im_end|>, <|im_start|>, ...). In user text
         # they would let a document close its own turn and answer for the model, so they are defused.
         added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
@@ -268,21 +273,27 @@ class ChatLayout:
         return f"{self.document_text(state)}{self.question_opening}"
 
     def suffix_text(self, question: Question) -> str:
-        with self._lock:
-            return self._suffix_text(question)
-
-    def _suffix_text(self, question: Question) -> str:
         try:
-            text = self._suffix_texts.get(question)
+            text = self.suffix_texts.get(question)
         except TypeError:  # a question holding an object or array is not hashable: rendered every time
-            return self._render_suffix(question)
+            return self.render_suffix(question)
         if text is None:
-            text = self._suffix_texts[question] = self._render_suffix(question)
-            if len(self._suffix_texts) > SUFFIX_TEXT_ENTRIES:
-                del self._suffix_texts[next(iter(self._suffix_texts))]
+            text = self.render_suffix(question)
+            # the question holds about the text's characters (its names, descriptions and instructions) too
+            text = self.suffix_texts.put(question, text, 2 * text_bytes(text))
         return text
 
-    def _render_suffix(self, question: Question) -> str:
+    def suffix_chars(self, question: Question) -> int:
+        """The length of the question's suffix text, without keeping the text where it is not kept already (a
+        request's size is checked on it before anything of the request is kept)."""
+        try:
+            known = self.suffix_texts.peek(question)
+        except TypeError:  # a question holding an object or array is not hashable
+            known = None
+        return len(known if known is not None else self.render_suffix(question))
+
+    def render_suffix(self, question: Question) -> str:
+        """The question's suffix text, rendered anew (`suffix_text` remembers it)."""
         block = self.defuse(question_block(question, self.version))
         assert block.startswith(QUESTION_OPEN), "every question block opens the same way"
         return f"{block.removeprefix(QUESTION_OPEN)}{self.answer_opening}"
@@ -293,14 +304,12 @@ class ChatLayout:
         outside it (several documents at once, where the tokenizer releases the GIL)."""
         suffixes = [self.suffix_text(question) for question in questions]
         key, prefix = self._document_key(state)
-        with self._lock:
-            cut = self._documents.get(key)
+        cut = self.documents.get(key)
         if cut is None:
             prefix = prefix or self.prefix_text(state)
             cut = self._cut(prefix, suffixes[0])  # the long part: the whole document tokenized
-        with self._lock:
-            cut = self._documents.setdefault(key, cut)  # a thread that cut it meanwhile: the same cut
-            _touch(self._documents, [key], DOCUMENT_CACHE_ENTRIES)
+            cut = self.documents.put(key, cut, cut.nbytes + text_bytes(key[1]))  # a thread that cut it meanwhile:
+            # the same cut
         if cut.tail is None:  # no cut holds for this document: every whole prompt tokenized whole
             prefix = prefix or self.prefix_text(state)
             tails = self._encode_batch([prefix + suffix for suffix in suffixes])
@@ -324,8 +333,7 @@ class ChatLayout:
         """Whether `state`'s prompt was cut after the document (each suffix then tokenized alone, the usual case)
         or is tokenized whole with each question; None for a document not tokenized lately."""
         key, _ = self._document_key(state)  # an object's prefix text rendered outside the lock, as in `tokenize`
-        with self._lock:
-            cut = self._documents.get(key)
+        cut = self.documents.get(key)
         return None if cut is None else cut.tail is not None
 
     def _encode_batch(self, texts: list[str], anchored: bool = False) -> list[tuple[int, ...]]:
@@ -382,20 +390,13 @@ class ChatLayout:
         """The ids of each text (a piece of the prefix's close + a suffix), remembered per text (and whether it was
         tokenized behind the anchor)."""
         keys = [(anchored, text) for text in texts]
-        with self._lock:
-            known = {key: self._tail_cache[key] for key in keys if key in self._tail_cache}
+        known = {key: ids for key in dict.fromkeys(keys) if (ids := self.tails.get(key)) is not None}
         missing = [key for key in dict.fromkeys(keys) if key not in known]
         if missing:
-            known.update(zip(missing, self._encode_batch([text for _, text in missing], anchored)))
-        with self._lock:
-            self._tail_cache.update(known)
-            _touch(self._tail_cache, keys, TAIL_CACHE_ENTRIES)
+            for key, ids in zip(missing, self._encode_batch([text for _, text in missing], anchored)):
+                known[key] = self.tails.put(key, ids, text_bytes(key[1]) + ids_bytes(ids))
         return [known[key] for key in keys]
 
-
-def _touch(cache: OrderedDict, keys: Sequence, limit: int) -> None:
-    """Mark `keys` as just used, then drop the least recently used entries beyond `limit`."""
-    for key in keys:
-        cache.move_to_end(key)
-    while len(cache) > limit:
-        cache.popitem(last=False)
+    def caches(self) -> list[BoundedCache]:
+        """The caches this layout keeps across requests (for their sizes on /metrics)."""
+        return [self.documents, self.tails, self.suffix_texts]
