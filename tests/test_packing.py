@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from typedlm.runtime.packing import BATCH_CACHE_ENTRIES, LAYOUT_CACHE_ENTRIES, PackedItem, _batch_layout, _layout, pack
+from typedlm.runtime.packing import BATCH_LAYOUTS, ITEM_LAYOUTS, PackedItem, _layout, pack
 from typedlm.text.labels import LabelSet
 
 
@@ -56,6 +56,22 @@ def test_each_row_sees_exactly_its_ancestors_and_itself():
     assert (blocks == ancestors[index[:, :, None], index[:, None, :]] & valid[:, :, None] & valid[:, None, :]).all()
 
 
+def test_segment_groups_cover_every_row_once_padded_to_their_own_longest():
+    # one long question among short ones: grouped by length, no short one is padded to the long one's rows
+    flat = LabelSet.build([[(1,)], [(2,)]])
+    lengths = [40, 3, 200, 5, 90, 101, 4]
+    batch = pack(10, [PackedItem(list(range(n)), flat) for n in lengths])
+    ancestors = batch.visibility()
+    groups = batch.segment_groups()
+    assert [index.shape[1] for index, _, _ in groups] == [200, 90, 40, 5]  # longest first, each over half its first
+    seen = np.concatenate([index[valid] for index, valid, _ in groups])
+    assert sorted(seen.tolist()) == list(range(batch.n_rows))  # every packed row in exactly one segment
+    for index, valid, blocks in groups:
+        assert (valid.sum(axis=1) * 2 > index.shape[1]).all()  # padding at most doubles a segment
+        assert not blocks[~valid].any()
+        assert (blocks == ancestors[index[:, :, None], index[:, None, :]] & valid[:, :, None] & valid[:, None, :]).all()
+
+
 def test_layouts_are_shared_by_length_and_labels_but_tokens_are_each_items_own():
     flat = LabelSet.build([[(1,)], [(2,)]])
     deep = LabelSet.build([[(3, 4)], [(3, 5)]])
@@ -75,7 +91,6 @@ def test_layouts_are_shared_by_length_and_labels_but_tokens_are_each_items_own()
 def test_layout_cache_is_bounded_and_read_only():
     flat = LabelSet.build([[(1,)], [(2,)]])
     pack(0, [PackedItem([1, 2, 3], flat)])
-    assert _layout.cache_info().maxsize == LAYOUT_CACHE_ENTRIES
     layout = _layout(3, flat)
     assert not layout.parent.flags.writeable and not layout.visibility.flags.writeable
     batch = pack(0, [PackedItem([1, 2, 3], flat)])
@@ -85,7 +100,11 @@ def test_layout_cache_is_bounded_and_read_only():
     again = pack(5, [PackedItem([4, 5, 6], flat)])
     assert again.input_ids.tolist()[:3] == [4, 5, 6] and again.position_ids.tolist()[:3] == [5, 6, 7]
     assert again.parent is batch.parent and again.layout_memo is batch.layout_memo
-    assert _batch_layout.cache_info().maxsize == BATCH_CACHE_ENTRIES
+    for cache in (ITEM_LAYOUTS, BATCH_LAYOUTS):  # bounded in bytes, what was packed counted
+        assert 0 < cache.nbytes <= cache.max_bytes and cache.stats()["hits"] > 0
+    # a question of 5,000 rows alone: its [n, n] visibility is more than a quarter of the items' budget: not kept
+    long = pack(0, [PackedItem(list(range(5_000)), flat)])
+    assert long.n_rows == 5_000 and ITEM_LAYOUTS.peek((5_000, flat)) is None
 
 
 def test_matches_the_row_by_row_layout():

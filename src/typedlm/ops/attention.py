@@ -32,20 +32,28 @@ import torch
 
 
 @dataclass(frozen=True)
+class OwnSegments:
+    """Segments of similar length, attended together: `index` [G, S] lists each one's packed rows (counted from the
+    first packed row; padded with 0 where `valid` [G, S] is False), `mask` [G, S, S] which of its rows each sees."""
+
+    index: torch.Tensor
+    valid: torch.Tensor
+    mask: torch.Tensor
+
+
+@dataclass(frozen=True)
 class CascadePlan:
     """How the keys of one forward split. Rows of the forward, in order:
 
     - `state_rows` document rows: they see the cached prefix and, causally, each other (prefill);
     - packed rows, in segments (one per question): they see the cached prefix, every document row, and
-      their own segment by `own_mask` [G, S, S]. `index` [G, S] lists each segment's packed rows
-      (counted from the first packed row; padded with 0 where `valid` [G, S] is False).
+      their own segment. The segments come in groups of similar length (`own`, see `OwnSegments`), each
+      padded to its longest only: one long question among many short ones pads none of them to its length.
     """
 
     prefix_len: int
     state_rows: int = 0
-    index: torch.Tensor | None = None
-    valid: torch.Tensor | None = None
-    own_mask: torch.Tensor | None = None
+    own: tuple[OwnSegments, ...] = ()
 
     @classmethod
     def causal(cls, prefix_len: int, rows: int) -> CascadePlan:
@@ -367,15 +375,16 @@ def cascade(
         parts.append(out[0])  # [H, T, D]
     if rows > t:  # packed rows: their own segment, then everything before the packed rows
         n, base = rows - t, p + t
-        own_q = query[0, :, t:][:, plan.index].transpose(0, 1)  # [G, H, S, D]
-        own_k = key[0, :, base:][:, plan.index].transpose(0, 1)  # [G, H, S, D]
-        own_v = value[0, :, base:][:, plan.index].transpose(0, 1)
-        out_o, lse_o = attend_with_lse(own_q, own_k, own_v, scale, mask=plan.own_mask[:, None])
-        flat = plan.index[plan.valid]  # [N]: segment slots back to packed rows
         out = torch.empty(heads, n, dim, dtype=query.dtype, device=query.device)
         lse = torch.empty(heads, n, dtype=torch.float32, device=query.device)
-        out[:, flat] = out_o.transpose(0, 1)[:, plan.valid].to(query.dtype)
-        lse[:, flat] = lse_o.transpose(0, 1)[:, plan.valid]
+        for own in plan.own:  # every packed row is in one segment of one group
+            own_q = query[0, :, t:][:, own.index].transpose(0, 1)  # [G, H, S, D]
+            own_k = key[0, :, base:][:, own.index].transpose(0, 1)  # [G, Hkv, S, D]
+            own_v = value[0, :, base:][:, own.index].transpose(0, 1)
+            out_o, lse_o = attend_with_lse(own_q, own_k, own_v, scale, mask=own.mask[:, None])
+            flat = own.index[own.valid]  # [n]: segment slots back to packed rows
+            out[:, flat] = out_o.transpose(0, 1)[:, own.valid].to(query.dtype)
+            lse[:, flat] = lse_o.transpose(0, 1)[:, own.valid]
         if base:
             out_s, lse_s = attend_with_lse(query[:, :, t:], key[:, :, :base], value[:, :, :base], scale)
             out = _merge(out, lse, out_s[0], lse_s[0])

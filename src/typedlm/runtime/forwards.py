@@ -20,7 +20,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from typedlm.ops.attention import CascadePlan
+from typedlm.ops.attention import CascadePlan, OwnSegments
 from typedlm.runtime import hf
 from typedlm.runtime.graphs import StaticRunner
 from typedlm.runtime.head import LMHead, group_masses
@@ -106,10 +106,9 @@ class EagerBody:
 
     def plan(self, batch: PackedBatch, cached_len: int, state_rows: int = 0) -> CascadePlan:
         """The cascade's plan: `cached_len` keys already cached, `state_rows` document rows, then the packed rows."""
-        index, valid = batch.segment_index()
-        own_mask = torch.tensor(batch.segment_visibility(), device=self.device)  # copies: the batch's are shared
-        to_device = lambda a: torch.tensor(a, device=self.device)  # noqa: E731
-        return CascadePlan(cached_len, state_rows, to_device(index), to_device(valid), own_mask)
+        to_device = lambda a: torch.tensor(a, device=self.device)  # noqa: E731 - copies: the batch's are shared
+        own = tuple(OwnSegments(*map(to_device, group)) for group in batch.segment_groups())
+        return CascadePlan(cached_len, state_rows, own)
 
     def masks(self, batch: PackedBatch):
         """Masks for layers that do not run the cascade (all of them without it; sliding-window layers with it)."""

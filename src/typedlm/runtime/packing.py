@@ -11,10 +11,11 @@ The read plan says which rows go through the LM head and which (row, token) log-
 up to each complete label: a label's probability is the product of its tokens' conditionals.
 
 An item's layout (everything but its tokens: positions, parents, read plan, visibility) depends only on
-its suffix length and label set, so it is built once and kept (`LAYOUT_CACHE_ENTRIES`, least recently
-used dropped). A whole batch's layout is the items' layouts joined with offsets, so it is kept too
-(`BATCH_CACHE_ENTRIES`: a server asks the same questions of many documents); `pack` copies its token ids,
-writes each suffix's tokens into their rows and moves the positions past the prefix.
+its suffix length and label set, so it is built once and kept (`ITEM_LAYOUTS`, bounded in bytes, least
+recently used dropped). A whole batch's layout is the items' layouts joined with offsets, so it is kept too
+(`BATCH_LAYOUTS`: a server asks the same questions of many documents), with the arrays derived from it later
+(its segments' masks: counted when it is kept); `pack` copies its token ids, writes each suffix's tokens into
+their rows and moves the positions past the prefix.
 """
 
 from __future__ import annotations
@@ -22,15 +23,29 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from functools import lru_cache
 
 import numpy as np
 import torch
 
+from typedlm.core.bounded import BoundedCache
 from typedlm.text.labels import LabelSet
 
-LAYOUT_CACHE_ENTRIES = 1024  # item layouts kept, keyed by (suffix length, label set): no token ids in them
-BATCH_CACHE_ENTRIES = 256  # whole batches' layouts kept, keyed by their items' (suffix length, label set)
+# item layouts kept, keyed by (suffix length, label set): no token ids in them
+ITEM_LAYOUTS: BoundedCache[tuple[int, LabelSet], _Layout] = BoundedCache("item_layouts", 32 << 20)
+# whole batches' layouts kept, keyed by their items' (suffix length, label set)
+BATCH_LAYOUTS: BoundedCache[tuple[tuple[int, LabelSet], ...], tuple[PackedBatch, np.ndarray]] = BoundedCache(
+    "batch_layouts", 64 << 20
+)
+
+
+def length_groups(lengths: Sequence[int]) -> list[list[int]]:
+    """Indices of `lengths` in groups, longest first: a group holds the lengths over half its first (longest)."""
+    groups: list[list[int]] = []
+    for g in sorted(range(len(lengths)), key=lambda g: -lengths[g]):
+        if not groups or 2 * lengths[g] <= lengths[groups[-1][0]]:
+            groups.append([])
+        groups[-1].append(g)
+    return groups
 
 
 @dataclass(frozen=True)
@@ -106,13 +121,36 @@ class PackedBatch:
 
         return self.memo("segment_index", compute)
 
+    def segment_groups(self) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], ...]:
+        """The segments in groups of similar length, each group padded to its longest only: (index [G, S], valid
+        [G, S], visibility [G, S, S]) per group, as `segment_index` and `segment_visibility` give them for all.
+        Longest first; a group holds the segments longer than half its longest, so padding at most doubles
+        a segment's rows and its [S, S] mask never grows with a longer question's. Read-only."""
+
+        def compute() -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], ...]:
+            lengths = [end - start for start, end in self.segments]
+            out = []
+            for members in length_groups(lengths):
+                width = lengths[members[0]]
+                local = np.arange(width)
+                starts = np.array([self.segments[g][0] for g in members])  # [G]
+                valid = local[None] < np.array([lengths[g] for g in members])[:, None]  # [G, S]
+                visible = np.zeros((len(members), width, width), dtype=bool)
+                for i, g in enumerate(members):  # padding rows see nothing
+                    block = self.item_visibility[g]
+                    visible[i, : len(block), : len(block)] = block
+                index = np.where(valid, starts[:, None] + local[None], 0)
+                out.append(tuple(map(_frozen_array, (index, valid, visible))))
+            return tuple(out)
+
+        return self.memo("segment_groups", compute)
+
     def visibility(self) -> np.ndarray:
         """[N, N] bool: row i may attend packed row j (j is i or an ancestor of i)."""
         # visible: [N, N]
         visible = np.zeros((self.n_rows, self.n_rows), dtype=bool)
-        blocks = self.segment_visibility()
-        for (start, end), block in zip(self.segments, blocks):
-            visible[start:end, start:end] = block[: end - start, : end - start]
+        for (start, end), block in zip(self.segments, self.item_visibility, strict=True):
+            visible[start:end, start:end] = block
         return visible
 
     def attention_mask(self, sliding_window: int | None = None) -> torch.Tensor:
@@ -146,8 +184,18 @@ class _Layout:
     visibility: np.ndarray  # [L + n, L + n] bool: row i may attend row j (j is i or an ancestor)
 
 
-@lru_cache(maxsize=LAYOUT_CACHE_ENTRIES)
 def _layout(suffix_len: int, labels: LabelSet) -> _Layout:
+    """The item's layout, kept in `ITEM_LAYOUTS` (its arrays' bytes counted)."""
+    key = (suffix_len, labels)
+    layout = ITEM_LAYOUTS.get(key)
+    if layout is None:
+        layout = _build_layout(suffix_len, labels)
+        size = sum(value.nbytes for value in vars(layout).values() if isinstance(value, np.ndarray))
+        layout = ITEM_LAYOUTS.put(key, layout, size + 8 * len(layout.label_ids))
+    return layout
+
+
+def _build_layout(suffix_len: int, labels: LabelSet) -> _Layout:
     assert suffix_len > 0, "a question's suffix has at least one token (its label tree hangs from the last)"
     # 1. the suffix: a chain after the prefix
     pos, parent = list(range(suffix_len)), list(range(-1, suffix_len - 1))
@@ -200,11 +248,23 @@ def pack(prefix_len: int, items: Sequence[PackedItem]) -> PackedBatch:
     )
 
 
-@lru_cache(maxsize=BATCH_CACHE_ENTRIES)
 def _batch_layout(key: tuple[tuple[int, LabelSet], ...]) -> tuple[PackedBatch, np.ndarray]:
     """The batch of items with these (suffix length, label set), with prefix length 0 and every suffix token 0;
     and the rows that hold suffix tokens. Its arrays are shared, read-only, by every batch `pack` makes from it
-    (each batch has its own `input_ids` and `position_ids`)."""
+    (each batch has its own `input_ids` and `position_ids`). Kept in `BATCH_LAYOUTS`, counted with what is
+    derived from it later: its segments' masks, padded to the longest (`segment_visibility`, the static forward's)
+    or in groups (`segment_groups`, the eager one's), and their indices."""
+    found = BATCH_LAYOUTS.get(key)
+    if found is None:
+        found = _build_batch_layout(key)
+        rows = [len(layout.parent) for layout in (_layout(length, labels) for length, labels in key)]
+        flat = 64 * sum(rows)  # each row's entry in the joined arrays and the derived indices
+        derived = len(rows) * max(rows, default=0) ** 2 + 4 * sum(n * n for n in rows)  # padded and grouped masks
+        found = BATCH_LAYOUTS.put(key, found, flat + derived)
+    return found
+
+
+def _build_batch_layout(key: tuple[tuple[int, LabelSet], ...]) -> tuple[PackedBatch, np.ndarray]:
     layouts = [_layout(length, labels) for length, labels in key]
     ids: list[int] = []
     suffix_rows: list[int] = []
