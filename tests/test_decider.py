@@ -12,7 +12,7 @@ from typedlm import Decider
 from typedlm.core.confidence import normalise
 from typedlm.core.errors import InvalidRequest, LimitExceeded
 from typedlm.core.options import EngineOptions
-from typedlm.core.questions import ChoiceQuestion, NoulQuestion, ScoreQuestion
+from typedlm.core.questions import ChoiceQuestion, NoulQuestion, ScoreQuestion, parse_questions
 from typedlm.runtime.models import LoadedModel
 
 from .conftest import reference_masses
@@ -155,6 +155,55 @@ def test_text_no_tokenization_could_fit_is_refused_before_tokenizing(real_decide
     many_reads = {"q": {"type": "choice", "criteria": {f"option {i} " + "x" * 2000: None for i in range(40)}}}
     with pytest.raises(LimitExceeded, match="every order read"):  # 40 options of 2 KB, read in 8 orders
         real_decider.respond({**BODY, "questions": many_reads, "x_order_reads": 8})
+
+
+def test_more_questions_than_the_tokens_could_hold_are_refused_before_anything_is_kept(real_decider, monkeypatch):
+    def no_rendering(*args, **kwargs):
+        raise AssertionError("a request with too many questions was rendered only to be refused")
+
+    monkeypatch.setattr(real_decider.layout, "render_suffix", no_rendering)
+    held = {cache.name: cache.stats()["bytes"] for cache in real_decider.caches()}
+    most = real_decider.max_request_tokens // real_decider.min_read_tokens
+    questions = {f"q{i}": {"type": "noul"} for i in range(most + 1)}
+    with pytest.raises(LimitExceeded, match=f"send at most {most} questions"):
+        real_decider.respond({**BODY, "questions": questions})
+    choice = {"type": "choice", "criteria": {"a": None, "b": None, "c": None}}
+    reads = {f"q{i}": choice for i in range(most // 3 + 1)}  # each read in 3 orders: the reads count
+    with pytest.raises(LimitExceeded, match="reads"):
+        real_decider.respond({**BODY, "questions": reads, "x_order_reads": 3})
+    assert {cache.name: cache.stats()["bytes"] for cache in real_decider.caches()} == held
+
+
+def test_a_forward_over_the_memory_budget_is_refused_naming_it(real_decider, monkeypatch):
+    # One long question among many short ones: the cascade's own part groups questions by length, so the short
+    # ones are not padded to the long one's rows (padded, this request's estimate was 6x the long one's alone).
+    big = {"type": "choice", "criteria": {f"option number {i}": None for i in range(200)}}
+    short = {f"q{i}": {"type": "noul", "instructions": f"Is it about {i}?"} for i in range(40)}
+    monkeypatch.setattr(real_decider, "max_forward_bytes", 1 << 40)
+    alone = real_decider.prepare(STATE, parse_questions({"big": big}))
+    together = real_decider.prepare(STATE, parse_questions({"big": big, **short}))
+    estimate = real_decider.engine.budget.bytes
+    need_alone = estimate(len(alone.prompt.prefix_ids), [item.rows for item in alone.items])
+    need_together = estimate(len(together.prompt.prefix_ids), [item.rows for item in together.items])
+    assert need_alone < need_together < 1.5 * need_alone and together.tokens < 1.5 * alone.tokens
+    monkeypatch.setattr(real_decider, "max_forward_bytes", (need_alone + need_together) // 2)
+    with pytest.raises(LimitExceeded, match=r"would hold about \d+ MiB; this server allows \d+ MiB per request"):
+        real_decider.respond({**BODY, "questions": {"big": big, **short}})
+    assert real_decider.respond({**BODY, "questions": {"big": big}})["answers"]["big"]["probabilities"]
+
+
+def test_long_distinct_option_names_leave_only_bounded_caches(real_decider):
+    # ten requests with distinct 30,000-character option names (refused: they pass the model's context) kept
+    # about 1.2 GB each when every prefix of a name's tokens was built and remembered
+    before = sum(cache.nbytes for cache in real_decider.caches())
+    for i in range(10):
+        name = " ".join(f"w{i}x{j}" for j in range(4_000))[:30_000]
+        with pytest.raises(LimitExceeded, match="the model reads at most"):
+            real_decider.respond({**BODY, "questions": {"q": {"type": "choice", "criteria": {name: None, "b": None}}}})
+    # what stays is each question's text and token ids (its suffix, tokenized after the cut: ~1 MB each), within
+    # every cache's budget in bytes
+    assert sum(cache.nbytes for cache in real_decider.caches()) - before < 16 << 20
+    assert all(cache.nbytes <= cache.max_bytes for cache in real_decider.caches())
 
 
 def test_invalid_bodies_raise_invalid_request(real_decider):

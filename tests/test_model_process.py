@@ -128,6 +128,17 @@ def test_an_error_from_the_model_is_the_same_status_and_body_as_in_process(embed
         assert got.status_code == expected.status_code and got.json() == expected.json()
 
 
+def test_the_model_process_memory_is_read_live_and_a_refusal_brings_its_caches_counters(embedded_process):
+    import psutil
+
+    model_rss = psutil.Process(embedded_process.pid).memory_info().rss
+    assert abs(embedded_process.stats()["process"]["resident_bytes"] - model_rss) < 0.05 * model_rss
+    before = embedded_process.stats()["caches"]["documents"]["misses"]
+    with pytest.raises(LimitExceeded):  # tokenized, then refused: its counters come back with the error
+        ask(embedded_process, {**BODY, "state": "new words " * 5000})
+    assert embedded_process.stats()["caches"]["documents"]["misses"] == before + 1
+
+
 @pytest.mark.parametrize(
     "error",
     [

@@ -265,6 +265,22 @@ def test_health_and_metrics_count_the_real_prefix_cache(server_url):
     assert dict(info)["model"] == "smollm2-135m-instruct" and dict(info)["device"] == "cpu"
 
 
+def test_metrics_account_for_every_cache_in_bytes_and_the_processes_memory(server_url):
+    post(server_url, {**BODY, "state": "A state for the caches' metrics, sent by no other test."})
+    samples = scrape(server_url)
+    caches = {dict(labels)["cache"] for (name, labels) in samples if name == "typedlm_cache_bytes"}
+    assert {"documents", "tails", "suffix_texts", "option_names", "priors", "item_layouts", "batch_layouts"} <= caches
+    for cache in caches:
+        held, budget = (samples[(f"typedlm_cache_{kind}", (("cache", cache),))] for kind in ("bytes", "max_bytes"))
+        assert 0 <= held <= budget and samples[("typedlm_cache_entries", (("cache", cache),))] >= 0
+    assert samples[("typedlm_cache_bytes", (("cache", "documents"),))] > 0
+    assert samples[("typedlm_cache_misses_total", (("cache", "documents"),))] >= 1
+    # the model here is in the HTTP server's process: both figures are this process's
+    resident, peak = (samples[(f"typedlm_process_{kind}_bytes", ())] for kind in ("resident", "peak_resident"))
+    assert 100e6 < resident <= peak
+    assert samples[("process_resident_memory_bytes", ())] > 100e6
+
+
 # ---------------------------------------------------------------- errors
 
 

@@ -134,7 +134,20 @@ def build_parser() -> argparse.ArgumentParser:
         default="text",
         help="the one line logged per request: key=value text or JSON (default text)",
     )
-    serve.add_argument("--max-input-tokens", type=int, default=None, help="tokens per request (default: the context)")
+    serve.add_argument(
+        "--max-input-tokens",
+        type=int,
+        default=None,
+        help="tokens per request (default: what --max-forward-mb admits; each question with the document within "
+        "the model's context either way)",
+    )
+    serve.add_argument(
+        "--max-forward-mb",
+        type=int,
+        default=None,
+        help="memory one request's forward may take, estimated before it runs, else 413 (default: 1024 on a CPU, "
+        "a quarter of a GPU's memory)",
+    )
     serve.add_argument(
         "--prefix-cache-mb",
         type=int,
@@ -304,6 +317,7 @@ def _serve_options(args: argparse.Namespace, kind: type[ServeOptions] | None = N
             max_body_bytes=args.max_body_bytes,
             log_format=args.log_format,
             max_input_tokens=args.max_input_tokens,
+            max_forward_mb=args.max_forward_mb,
             prefix_cache_mb=args.prefix_cache_mb,
             cuda_graphs=args.cuda_graphs,
             fused_kernels=args.fused_kernels,
@@ -322,7 +336,7 @@ def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from typedlm.server import create_app
-    from typedlm.server.heap import freeze_start_up_objects
+    from typedlm.server.heap import freeze_start_up_objects, return_freed_memory
     from typedlm.server.model_process import ModelProcess
     from typedlm.server.protocol import bounded_protocol
 
@@ -340,6 +354,7 @@ def serve(args: argparse.Namespace) -> int:
     elif not pending_body_bytes >= args.max_body_bytes:
         raise InvalidRequest("--max-pending-body-bytes must be at least --max-body-bytes (one whole body must fit)")
     _check_listen(args.host, args.port)
+    return_freed_memory()  # large bodies' and requests' memory goes back when they are done (`server.heap`)
     if args.replicas is not None:
         return serve_replicas(args)
     options = _serve_options(args)

@@ -28,13 +28,13 @@ the next batch's forward before it builds this one's answers.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from typedlm.core.answers import Answer, Response, Usage
+from typedlm.core.bounded import BoundedCache, ids_bytes, process_memory, text_bytes
 from typedlm.core.errors import InvalidRequest, LimitExceeded
 from typedlm.core.options import EngineOptions
 from typedlm.core.questions import (
@@ -42,8 +42,10 @@ from typedlm.core.questions import (
     MAX_LEVELS,
     MAX_OPTIONS,
     MAX_ORDER_READS,
+    ChoiceQuestion,
     NoulQuestion,
     Question,
+    ScoreQuestion,
     Text,
     parse_request,
 )
@@ -55,13 +57,14 @@ from typedlm.decide.calibration import (
     shipped_calibration,
     signature,
 )
-from typedlm.decide.reads import CHOICE_ANSWERS, Reading, Reads, rotations, unrotate
+from typedlm.decide.reads import CHOICE_ANSWERS, Reading, Reads, read_count, rotations, unrotate
+from typedlm.runtime.budget import default_forward_bytes
 from typedlm.runtime.engine import Engine
 from typedlm.runtime.features import Features
 from typedlm.runtime.models import LoadedModel, load_model, model_fingerprint
-from typedlm.runtime.packing import PackedItem
+from typedlm.runtime.packing import BATCH_LAYOUTS, ITEM_LAYOUTS, PackedItem
 from typedlm.runtime.prefix_cache import PrefixCache
-from typedlm.text.labels import Labeler
+from typedlm.text.labels import MAX_CHARS_PER_TOKEN, Labeler
 from typedlm.text.prompt import PROMPT_VERSION, ChatLayout, TokenizedPrompt, render_text, wording
 
 
@@ -95,11 +98,10 @@ class PreparedRequest:
 
 
 BATCH_REQUESTS = 64  # requests one static forward answers at most (the server's token budget bounds it too)
-MAX_CHARS_PER_TOKEN = 32  # no tokenizer packs more text than this into one token of real text: a bound checked
-# on characters before tokenizing (see Decider._check_size)
 
 CONTENT_FREE_STATE = "N/A"  # the document contextual calibration reads the label prior from
-PRIOR_CACHE_ENTRIES = 4096  # content-free masses remembered, per suffix text
+READ_TOKENS_MARGIN = 2  # tokens a read's suffix may lose where its text merges with the text around it
+PRIOR_CACHE_BYTES = 16 << 20  # content-free masses remembered, per suffix text
 DEFAULT_PREFIX_CACHE_BYTES = 1 << 30
 
 
@@ -112,6 +114,7 @@ class Decider:
         *,
         engine: EngineOptions | None = None,
         max_input_tokens: int | None = None,
+        max_forward_bytes: int | None = None,
         prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
         calibration: str | None = None,
         calibration_file: CalibrationFile | str | Path | None = None,
@@ -120,7 +123,10 @@ class Decider:
         prompt_version: str | None = None,
     ):
         """Prepare a loaded model. `engine`: the feature switches (see `typedlm.core.options`);
-        `max_input_tokens`: tokens per request (None: the model's context); `prefix_cache_bytes`: memory for
+        `max_input_tokens`: tokens per request (None: as many as `max_forward_bytes` admits; each question with
+        the document within the model's context either way); `max_forward_bytes`: the memory one request's forward
+        may take, estimated before it runs (`runtime.budget`; None: 1 GiB on a CPU, a quarter of a GPU's memory);
+        `prefix_cache_bytes`: memory for
         documents kept across requests (0: only the system prompt); `calibration`: the default method (see
         `typedlm.decide.calibration`; None: fitted where there is a file, else contextual); `calibration_file`: a file
         fitted by `typedlm calibrate` for this model (or its path; None: the file shipped for a named model, if one
@@ -147,6 +153,11 @@ class Decider:
         self.labeler = Labeler(loaded.tokenizer, self.layout.answer_opening)
         self.labeler.verify(MAX_OPTIONS, MAX_LEVELS)
         self.max_input_tokens = max_input_tokens
+        if max_forward_bytes is not None and max_forward_bytes <= 0:
+            raise InvalidRequest("the memory a request's forward may take must be positive")
+        self.max_forward_bytes = max_forward_bytes or default_forward_bytes(self.engine.device)
+        budget_tokens = self.engine.budget.tokens(self.max_forward_bytes)
+        self.max_request_tokens = min(max_input_tokens or budget_tokens, budget_tokens)  # no request takes more
         # The system prompt's keys/values, computed once and pinned in the prefix cache beside the documents
         # it keeps across requests (with 0 bytes only the system prompt is reused).
         cache, length = self.engine.prefill(self.layout.system_ids)
@@ -175,7 +186,13 @@ class Decider:
         free = self.layout.tokenize(CONTENT_FREE_STATE, [NoulQuestion()]).prefix_ids
         cache, length = self.engine.prefill(free)
         self.prefix_cache.pin(free, Engine.snapshot(cache, length))
-        self._priors: OrderedDict[str, list[float]] = OrderedDict()  # suffix text -> content-free masses
+        # The fewest tokens one read of any question takes (its suffix, a one-character question with the fewest
+        # options), less a margin for merges at its edges: what the number of reads is checked against.
+        shortest = [NoulQuestion("?"), ChoiceQuestion((("a", None), ("b", None)), "?"), ScoreQuestion(("a", "b"), "?")]
+        suffixes = self.layout.tokenize(CONTENT_FREE_STATE, shortest).suffix_ids
+        self.min_read_tokens = max(1, min(map(len, suffixes)) - READ_TOKENS_MARGIN)
+        self.priors: BoundedCache[str, list[float]] = BoundedCache("priors", PRIOR_CACHE_BYTES)  # suffix text ->
+        # content-free masses
 
     @classmethod
     def load(cls, model: str | None = None, device: str = "cpu", dtype: str | None = None, **options: Any) -> Decider:
@@ -227,18 +244,27 @@ class Decider:
             )
         return method
 
-    def _check_size(self, state: Text, versions: list[Question]) -> None:
-        """Refuse text too long for any tokenization to fit the token limits, before tokenizing it: an 8 MiB state
-        would otherwise hold the model thread for seconds (and gigabytes) only to be refused after."""
-        limits = [n for n in (self.engine.max_positions, self.max_input_tokens) if n]
-        if not limits:
-            return
-        # suffix texts are remembered per question (the tokenizing below reuses them): no rendering twice
-        chars = len(render_text(state)) + sum(len(self.layout.suffix_text(version)) for version in versions)
-        if chars > MAX_CHARS_PER_TOKEN * min(limits):
+    def _check_size(self, state: Text, questions: Mapping[str, Question], order_reads: int) -> None:
+        """Refuse a request too large for any tokenization to fit the token limits, on its reads and characters,
+        before any of it is tokenized, labelled or kept: an 8 MiB state, or 100,000 questions, would otherwise hold
+        the model thread for seconds (and gigabytes) only to be refused after."""
+        limit = self.max_request_tokens
+        reads = sum(read_count(question, order_reads) for question in questions.values())
+        if reads * self.min_read_tokens > limit:
+            raise LimitExceeded(
+                f"the request asks for {reads} reads (questions, every order read); each takes at least "
+                f"{self.min_read_tokens} tokens and this server reads at most {limit} tokens per request: send "
+                f"at most {limit // self.min_read_tokens} questions"
+            )
+        limit = min(limit, self.engine.max_positions or limit)
+        # a question's every read has the same characters (its options rotated; read by name a few fewer)
+        chars = len(render_text(state)) + sum(
+            self.layout.suffix_chars(question) * read_count(question, order_reads) for question in questions.values()
+        )
+        if chars > MAX_CHARS_PER_TOKEN * limit:
             raise LimitExceeded(
                 f"the request holds {chars} characters of text (state and questions, every order read); this "
-                f"server reads at most {min(limits)} tokens, never more than {MAX_CHARS_PER_TOKEN} characters each: "
+                f"server reads at most {limit} tokens, never more than {MAX_CHARS_PER_TOKEN} characters each: "
                 "shorten the state or send fewer questions"
             )
 
@@ -259,6 +285,13 @@ class Decider:
                 f"the request takes {total} tokens; this server reads at most {self.max_input_tokens} per request: "
                 "shorten the state or send fewer questions"
             )
+        need = self.engine.budget.bytes(prefix_len, [item.rows for item in items])
+        if need > self.max_forward_bytes:
+            raise LimitExceeded(
+                f"the request takes {total} tokens, whose forward would hold about {need / 2**20:.0f} MiB; this "
+                f"server allows {self.max_forward_bytes / 2**20:.0f} MiB per request (the longest question's "
+                "rows count once per question): shorten the state, send fewer questions, or split the longest"
+            )
 
     def prepare(self, state: Text, questions: Mapping[str, Question], order_reads: int = 1) -> Prepared:
         """Steps 1-3, everything before the model: every read's question version, labels and token ids, and the
@@ -268,10 +301,10 @@ class Decider:
             LimitExceeded: the prompt is longer than the model or the configuration allows.
         """
         qids = list(questions)
+        self._check_size(state, questions, order_reads)  # before anything of the request is tokenized or kept
         # 1-2. every read's question version, labels and token ids, all before any model work
         versions = {q: rotations(self._as_read(questions[q]), order_reads) for q in qids}
         flat = [(q, version, order) for q in qids for version, order in versions[q]]
-        self._check_size(state, [version for _, version, _ in flat])
         prompt = self.layout.tokenize(state, [version for _, version, _ in flat])
         items = [
             PackedItem(ids, self.labeler.for_question(version)) for (_, version, _), ids in zip(flat, prompt.suffix_ids)
@@ -368,7 +401,7 @@ class Decider:
         content-free prompt is the same for the same suffix text, so a known one needs no tokenizing)."""
         versions = [version for _, version, _ in flat]
         texts = [self.layout.suffix_text(version) for version in versions]
-        found = {text: self._priors.get(text) for text in texts}
+        found = {text: self.priors.get(text) for text in texts}
         missing = {text: i for i, text in enumerate(texts) if found[text] is None}
         if missing:
             prompt = self.layout.tokenize(CONTENT_FREE_STATE, [versions[i] for i in missing.values()])
@@ -379,9 +412,7 @@ class Decider:
             ]
             masses, _ = self.engine.run(prompt.prefix_ids[base.length :], items, base, keep_prefix=False)
             for text, m in zip(missing, masses):
-                found[text] = self._priors[text] = m
-                if len(self._priors) > PRIOR_CACHE_ENTRIES:
-                    self._priors.popitem(last=False)
+                found[text] = self.priors.put(text, m, text_bytes(text) + ids_bytes(m))
         return [found[text] for text in texts]
 
     def answer(self, question: Question, reads: Reads, method: str, fitted: CalibrationFile | None = None) -> Answer:
@@ -471,10 +502,21 @@ class Decider:
         fitted = self.calibration_file
         return method == "contextual" or (method == "fitted" and fitted is not None and fitted.needs_prior)
 
-    def stats(self) -> dict[str, dict[str, int]]:
-        """Counters for monitoring: the prefix cache's hits, misses, entries and bytes; on a GPU the CUDA graphs'
-        captures and how many are held."""
-        return {"prefix_cache": self.prefix_cache.stats(), **self.engine.stats()}
+    def stats(self) -> dict[str, Any]:
+        """Counters for monitoring: the prefix cache's hits, misses, entries and bytes; every other cache kept
+        across requests (`caches`: name -> its entries, bytes, budget, hits, misses, evictions); this process's
+        resident memory; on a GPU the CUDA graphs' captures and how many are held."""
+        return {
+            "prefix_cache": self.prefix_cache.stats(),
+            "caches": {cache.name: cache.stats() for cache in self.caches()},
+            "process": process_memory(),
+            **self.engine.stats(),
+        }
+
+    def caches(self) -> list[BoundedCache]:
+        """The caches of host data kept across requests, each bounded in bytes (the prefix cache aside; the packed
+        layouts' are shared by every decider of this process)."""
+        return [*self.layout.caches(), self.labeler.named, self.priors, ITEM_LAYOUTS, BATCH_LAYOUTS]
 
     def respond(self, body: Any) -> dict[str, Any]:
         """A whole `/v1/systemone` request body → the response body."""

@@ -40,11 +40,17 @@ def rotations(question: Question, k: int) -> list[tuple[Question, list[int]]]:
     n = question.size
     if not question.reorderable:
         return [(question, list(range(n)))]
-    versions, reads = [], min(k, n)
+    versions, reads = [], read_count(question, k)
     for shift in sorted({round(r * n / reads) % n for r in range(reads)}):
         order = [(j + shift) % n for j in range(n)]
         versions.append((question.reordered(order), order))
     return versions
+
+
+def read_count(question: Question, k: int) -> int:
+    """How many versions `rotations(question, k)` gives (k or the number of answers, whichever is fewer; one for a
+    question whose answers keep their order): the shifts round(r·n/k) are distinct when k <= n."""
+    return min(k, question.size) if question.reorderable else 1
 
 
 def unrotate(masses: list[float], order: list[int]) -> list[float]:

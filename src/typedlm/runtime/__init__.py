@@ -4,6 +4,7 @@
 - `hf`: the one adapter that touches transformers' internals (attention registry, cache, config fields);
 - `features`: CUDA graphs, fused kernels and the attention kernel, resolved once at load;
 - `patching`: swaps fused operations into a model where they agree with its own;
+- `budget`: the memory one forward may hold, estimated from its shape before it runs;
 - `kv`, `prefix_cache`: a prefix's keys/values and the byte-bounded cache of them across requests;
 - `packing`: every question's suffix and label tree laid out in one sequence;
 - `forwards`, `graphs`: the forward strategies (two forwards, one eager forward, one static forward

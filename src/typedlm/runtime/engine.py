@@ -31,6 +31,7 @@ import torch
 from typedlm.core.errors import ModelError
 from typedlm.core.options import EngineOptions
 from typedlm.runtime import hf
+from typedlm.runtime.budget import ForwardBudget
 from typedlm.runtime.features import Features, prepare
 from typedlm.runtime.forwards import (
     EagerBody,
@@ -72,6 +73,7 @@ class Engine:
 
     def _build(self, model: torch.nn.Module, body: torch.nn.Module, options: EngineOptions) -> None:
         self.features: Features = prepare(model, options, self.shape)
+        self.budget = ForwardBudget.of(model, self.shape, self.features.cascade)  # a forward's memory, estimated
         eager = EagerBody(body, self.shape, self.features.cascade, hf.takes_additive_masks(model), self.head)
         self.eager = eager
         self.lock = threading.RLock()  # one forward's launch at a time: the runner's buffers are shared

@@ -51,6 +51,8 @@ class ModelShape:
     sliding_window: int | None
     max_positions: int | None
     softcap: float | None
+    hidden: int = 0  # the residual stream's width
+    intermediate: int = 0  # the MLP's inner width
 
     @classmethod
     def of(cls, model: torch.nn.Module) -> ModelShape:
@@ -66,6 +68,8 @@ class ModelShape:
             sliding_window=getattr(config, "sliding_window", None),
             max_positions=getattr(config, "max_position_embeddings", None),
             softcap=getattr(config, "final_logit_softcapping", None),
+            hidden=config.hidden_size,
+            intermediate=getattr(config, "intermediate_size", None) or 4 * config.hidden_size,
         )
 
     @property

@@ -11,6 +11,11 @@ Exposed at /metrics (prometheus_client's text format, one registry per app):
     typedlm_questions_total{type}               questions answered, by type
     typedlm_requests_pending                    requests running or waiting for the model thread (gauge)
     typedlm_prefix_cache_*                      the prefix cache's counters (hits_total, ...) and sizes
+    typedlm_cache_{bytes,max_bytes,entries}{cache}  every other cache kept across requests (documents' ids,
+                                                suffix texts and ids, option names, priors), bounded in bytes;
+                                                typedlm_cache_{hits,misses,evictions}_total{cache}
+    typedlm_process_{resident,peak_resident}_bytes  the model's process's memory (with --model-process, read live)
+    process_*                                   this HTTP process's memory, CPU and file descriptors
     typedlm_cuda_graphs_captures_total          CUDA graphs captured (on a GPU; a capture holds up the forwards
                                                 behind it); typedlm_cuda_graphs_held: graphs held now
     typedlm_model_thread_waited_for_slot_seconds_total      the model thread's time waiting for a forward in flight
@@ -31,7 +36,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, Info
+from prometheus_client import CollectorRegistry, Counter, Histogram, Info, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -40,7 +45,7 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # requests per forward
 # counters; the rest are sizes
 CUMULATIVE = (
     "hits", "partial_hits", "misses", "reused_tokens", "captures", "waited_for_slot_seconds",
-    "waited_for_requests_seconds",
+    "waited_for_requests_seconds", "evictions",
 )  # fmt: skip
 ROUTES = (
     "/",
@@ -94,12 +99,27 @@ class _Live(Collector):
             "typedlm_requests_pending", "Requests running or waiting for the model thread", value=self._pending()
         )
         for group, counters in self._stats().items():
+            if group == "caches":
+                yield from _labelled("typedlm_cache", "cache", counters)
+                continue
             for name, value in counters.items():
                 metric = f"typedlm_{group}_{name}"
                 if name in CUMULATIVE:
                     yield CounterMetricFamily(metric, f"{group}: {name}", value=value)
                 else:
                     yield GaugeMetricFamily(metric, f"{group}: {name}", value=value)
+
+
+def _labelled(prefix: str, label: str, members: Mapping[str, Mapping[str, float]]) -> Iterator[Any]:
+    """One family per counter (`prefix_name{label=member}`) from {member: {name: value}}."""
+    families: dict[str, Any] = {}
+    for member, counters in members.items():
+        for name, value in counters.items():
+            if name not in families:
+                kind = CounterMetricFamily if name in CUMULATIVE else GaugeMetricFamily
+                families[name] = kind(f"{prefix}_{name}", f"{prefix}: {name}, per {label}", labels=[label])
+            families[name].add_metric([member], value)
+    yield from families.values()
 
 
 class ServerMetrics:
@@ -144,6 +164,7 @@ class ServerMetrics:
         self.questions = Counter("typedlm_questions", "Questions answered, by type", ["type"], registry=registry)
         Info("typedlm_model", "The served model", registry=registry).info(dict(model))
         registry.register(_Live(pending, stats))
+        ProcessCollector(registry=registry)  # this process's memory: with a model process, the model's is apart
 
     def batch(self, requests: int, tokens: int) -> None:
         """One forward of the model worker: how many requests it answered, and their tokens."""

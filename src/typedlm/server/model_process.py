@@ -15,7 +15,7 @@ Messages, pickled over one pipe:
 
     to the model     ("ask", id, state, questions, calibration, order_reads), ("close",)
     from the model   once after loading: ("ready", name, description, max_batch, stats) or ("failed", error);
-                     ("answer", id, response) or ("error", id, error) per request; ("timing", wait_s, run_s) per
+                     ("answer", id, response) or ("error", id, error, stats) per request; ("timing", wait_s, run_s) per
                      request and ("batch", requests, tokens, stats) per forward, for the metrics; ("closed",) last
 
 `load` (no arguments → a decider) is pickled into the new process: a module-level function or a `functools.partial`
@@ -43,9 +43,10 @@ from concurrent.futures import Future
 from typing import Any
 
 from typedlm.core.answers import Response
+from typedlm.core.bounded import resident_bytes
 from typedlm.core.errors import ModelError
 from typedlm.core.questions import Question, Text
-from typedlm.server.heap import freeze_start_up_objects
+from typedlm.server.heap import freeze_start_up_objects, return_freed_memory
 from typedlm.server.serving import DeciderLike, InProcessModel, Stats
 from typedlm.server.settings import ServerSettings
 from typedlm.server.status import APIError, error_status, overloaded, timed_out
@@ -109,8 +110,11 @@ class ModelProcess:
         return self._description
 
     def stats(self) -> Stats:
-        """The model's counters as of its last forward."""
-        return self._stats
+        """The model's counters as of its last forward or refusal, its process's resident memory read now."""
+        stats = self._stats
+        if "process" in stats and self._process.pid is not None:
+            stats = {**stats, "process": {**stats["process"], "resident_bytes": resident_bytes(self._process.pid)}}
+        return stats
 
     async def answer(
         self, state: Text, questions: Mapping[str, Question], calibration: str | None, order_reads: int | None
@@ -147,6 +151,8 @@ class ModelProcess:
                 return
             kind = message[0]
             if kind in ("answer", "error"):
+                if kind == "error":
+                    self._stats = message[3]
                 self._settle(message[1], kind == "answer", message[2])
             elif kind == "timing":
                 if self.on_timing is not None:
@@ -225,6 +231,7 @@ def run_model_process(load: Callable[[], DeciderLike], settings: ServerSettings,
     pipe and queues each request on the worker (`InProcessModel.start`); the thread that settles a request (the
     worker's finishing thread, or a host thread when preparing fails) sends its reply."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group; the server closes us
+    return_freed_memory()  # a large request's memory goes back when it is done (`heap`)
     try:
         model = InProcessModel(load(), settings)
     except BaseException as exc:
@@ -244,7 +251,7 @@ def run_model_process(load: Callable[[], DeciderLike], settings: ServerSettings,
             return
         if error_status(error)[0] >= 500:
             logger.error("typedlm: answering a request failed", exc_info=error)  # a 500: its traceback here
-        send(("error", request_id, portable(error)))
+        send(("error", request_id, portable(error), model.stats()))  # a refusal may have filled caches too
 
     model.on_timing = lambda wait_s, run_s: send(("timing", wait_s, run_s))
     model.on_batch = lambda requests, tokens: send(("batch", requests, tokens, model.stats()))
@@ -260,7 +267,7 @@ def run_model_process(load: Callable[[], DeciderLike], settings: ServerSettings,
         try:
             started = model.start(*request)
         except BaseException as exc:  # the worker refused it (closing): the request's error
-            send(("error", request_id, portable(exc)))
+            send(("error", request_id, portable(exc), model.stats()))
             continue
         started.add_done_callback(functools.partial(reply, request_id))
     model.close()  # every request asked is answered before it returns

@@ -24,7 +24,8 @@ class ServeOptions(BaseModel):
     timeout: float = Field(300.0, gt=0)
     max_body_bytes: int = Field(8 << 20, ge=1)
     log_format: Literal["text", "json"] = "text"
-    max_input_tokens: int | None = None
+    max_input_tokens: int | None = Field(None, ge=1)
+    max_forward_mb: int | None = Field(None, ge=1)  # None: the decider's default for its device
     prefix_cache_mb: int = Field(1024, ge=0)
     cuda_graphs: bool = True
     fused_kernels: bool = True
@@ -53,6 +54,7 @@ class ServeOptions(BaseModel):
             "dtype": self.dtype,
             "engine": engine,
             "max_input_tokens": self.max_input_tokens,
+            "max_forward_bytes": self.max_forward_mb << 20 if self.max_forward_mb else None,
             "prefix_cache_bytes": self.prefix_cache_mb << 20,
             "calibration": self.calibration,
             "calibration_file": self.calibration_file,
