@@ -265,6 +265,14 @@ def test_health_and_metrics_count_the_real_prefix_cache(server_url):
     assert dict(info)["model"] == "smollm2-135m-instruct" and dict(info)["device"] == "cpu"
 
 
+def test_the_openapi_document_states_what_a_request_may_cost_on_this_server(server_url, real_decider):
+    description = httpx.get(server_url + "/openapi.json").json()["info"]["description"]
+    assert "**Limits**" in description and f"body: {8 << 20} bytes" in description
+    reads = real_decider.max_request_tokens // real_decider.min_read_tokens
+    assert f"at most {reads} reads" in description and f"tokens: {real_decider.max_request_tokens} per" in description
+    assert "model's context (8192)" in description and "memory: 1024 MiB" in description
+
+
 def test_metrics_account_for_every_cache_in_bytes_and_the_processes_memory(server_url):
     post(server_url, {**BODY, "state": "A state for the caches' metrics, sent by no other test."})
     samples = scrape(server_url)

@@ -24,6 +24,8 @@ MAX_LEVELS = 10
 QUESTION_TYPES = ("noul", "choice", "score")  # the `kind` of each question class below
 CALIBRATION_METHODS = ("raw", "contextual", "fitted")  # see typedlm.decide.calibration
 MAX_ORDER_READS = 8  # option orders read per choice/score question (x_order_reads)
+MAX_CHARS_PER_TOKEN = 32  # no tokenizer packs more text than this into one token of real text: text longer than
+# this many characters per token of a limit is over it before it is tokenized (a name, a request's text)
 
 Text = str | dict | list  # JSON text: a string, or an object/array rendered as JSON
 YES, NO = 0, 1  # a noul question's answers, in the order of its probabilities everywhere: [p_yes, p_no]

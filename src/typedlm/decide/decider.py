@@ -39,6 +39,7 @@ from typedlm.core.errors import InvalidRequest, LimitExceeded
 from typedlm.core.options import EngineOptions
 from typedlm.core.questions import (
     CALIBRATION_METHODS,
+    MAX_CHARS_PER_TOKEN,
     MAX_LEVELS,
     MAX_OPTIONS,
     MAX_ORDER_READS,
@@ -64,7 +65,7 @@ from typedlm.runtime.features import Features
 from typedlm.runtime.models import LoadedModel, load_model, model_fingerprint
 from typedlm.runtime.packing import BATCH_LAYOUTS, ITEM_LAYOUTS, PackedItem
 from typedlm.runtime.prefix_cache import PrefixCache
-from typedlm.text.labels import MAX_CHARS_PER_TOKEN, Labeler
+from typedlm.text.labels import Labeler
 from typedlm.text.prompt import PROMPT_VERSION, ChatLayout, TokenizedPrompt, render_text, wording
 
 
@@ -216,6 +217,9 @@ class Decider:
             "order_reads": str(self.order_reads),
             "choice_answers": self.choice_answers,
             "prompt_version": self.prompt_version,
+            "max_request_tokens": str(self.max_request_tokens),
+            "max_reads": str(self.max_request_tokens // self.min_read_tokens),
+            "max_forward_mb": str(self.max_forward_bytes >> 20),
         }
 
     @property

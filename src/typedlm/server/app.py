@@ -25,10 +25,19 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from typedlm.core.answers import Response
 from typedlm.core.errors import InvalidRequest, LimitExceeded
-from typedlm.core.questions import Question, parse_request
+from typedlm.core.questions import (
+    MAX_CHARS_PER_TOKEN,
+    MAX_LEVELS,
+    MAX_OPTIONS,
+    MAX_ORDER_READS,
+    MIN_LEVELS,
+    MIN_OPTIONS,
+    Question,
+    parse_request,
+)
 from typedlm.server import chat, schemas
 from typedlm.server.auth import check_bearer
-from typedlm.server.body import NotJSON, parse_json, read_body
+from typedlm.server.body import MAX_JSON_DEPTH, NotJSON, parse_json, read_body
 from typedlm.server.errors import APIError, install_handlers
 from typedlm.server.metrics import RequestLog, RequestRecord, ServerMetrics
 from typedlm.server.observing import ObserveRequests
@@ -49,6 +58,28 @@ def _responses(statuses: dict[int, str], body: type = schemas.ErrorBody) -> dict
         }
         for status, description in statuses.items()
     }
+
+
+def limits(settings: ServerSettings, about: Mapping[str, str]) -> str:
+    """What a request may cost on this server, as the OpenAPI document's description lists it (Markdown)."""
+    context = about.get("context", "unknown")
+    tokens = about.get("max_request_tokens", context)
+    lines = [
+        "**Limits** (each checked before the work it bounds; over one: 413 naming it, 422 for what is malformed):",
+        f"- body: {settings.max_body_bytes} bytes, after decompression too; JSON nested at most {MAX_JSON_DEPTH} deep",
+        f"- a choice: {MIN_OPTIONS}-{MAX_OPTIONS} options; a score: {MIN_LEVELS}-{MAX_LEVELS} levels; "
+        f"x_order_reads: 1-{MAX_ORDER_READS}",
+        f"- questions: at most {about.get('max_reads', tokens)} reads (a question, or each of its order reads)",
+        f"- tokens: {tokens} per request; each question with the document within the model's context ({context})",
+        f"- text: {MAX_CHARS_PER_TOKEN} characters per token of those limits, checked before tokenizing",
+    ]
+    if "max_forward_mb" in about:
+        lines.append(f"- memory: {about['max_forward_mb']} MiB for a request's forward, estimated from its shape")
+    lines.append(
+        f"- queue: {settings.max_queue} requests running or waiting (then 503 + Retry-After); "
+        f"time: {settings.request_timeout_s:g} s (then 504)"
+    )
+    return "\n".join(lines)
 
 
 def create_app(model: DeciderLike | ServedModel, settings: ServerSettings | None = None) -> FastAPI:
@@ -234,7 +265,8 @@ def create_app(model: DeciderLike | ServedModel, settings: ServerSettings | None
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            spec = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+            description = f"{app.description}\n\n{limits(settings, served.describe())}"
+            spec = get_openapi(title=app.title, version=app.version, description=description, routes=app.routes)
             request_schema = schemas.SystemOneRequest.model_json_schema(ref_template="#/components/schemas/{model}")
             components = spec.setdefault("components", {}).setdefault("schemas", {})
             components.update(request_schema.pop("$defs", {}))

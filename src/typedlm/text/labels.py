@@ -20,7 +20,7 @@ from typing import Any
 
 from typedlm.core.bounded import BoundedCache, ids_bytes, texts_bytes
 from typedlm.core.errors import ModelError
-from typedlm.core.questions import Question
+from typedlm.core.questions import MAX_CHARS_PER_TOKEN, Question
 
 TokenSeq = tuple[int, ...]
 
@@ -38,8 +38,6 @@ def choice_labels(n: int) -> list[str]:
 
 
 MAX_NAME_NODES = 128  # label-tree tokens a choice read by option names may take (else it is read by letters)
-MAX_CHARS_PER_TOKEN = 32  # no tokenizer packs more text than this into one token of real text: text longer than
-# this many characters per token of a limit is over it before it is tokenized (a name, a request's text)
 MAX_NAME_CHARS = (MAX_NAME_NODES + 1) * MAX_CHARS_PER_TOKEN  # a longer option name cannot be read by name
 NAMED_LABEL_BYTES = 16 << 20  # option-name label sets remembered per labeler (their names and token ids)
 
