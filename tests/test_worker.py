@@ -358,3 +358,35 @@ def test_a_request_is_in_the_metrics_by_the_time_it_is_answered():
     assert answered == 6
     assert seen_after_batch == ["batch", "timing"]
     assert seen_after_call == ["batch", "timing", "timing"]
+
+
+def test_a_finished_batch_leaves_nothing_of_its_forward_behind():
+    # a forward's work (on a real model: its whole key/value cache, as views) lived on in the finishing thread's
+    # locals until the next batch arrived: an idle server kept its last request's memory
+    import weakref
+
+    class Held:
+        """Stands for what a launched forward holds until it is finished."""
+
+    held: list[weakref.ref] = []
+
+    def launch(items: list[int]):
+        work = Held()
+        held.append(weakref.ref(work))
+
+        def finish() -> list[int]:
+            assert work is not None
+            return [2 * item for item in items]
+
+        return finish
+
+    async def run() -> None:
+        worker = ModelWorker(max_pending=4, max_batch=1)
+        try:
+            assert await _ask(worker, launch, 3) == 6
+            await _until(lambda: worker._finished == 1)
+            await _until(lambda: held[0]() is None, timeout_s=5)
+        finally:
+            worker.close()
+
+    asyncio.run(run())

@@ -298,6 +298,9 @@ class ModelWorker:
                 self._forward_s = time.perf_counter() - started
                 self._finished += 1
                 self._in_flight.release()
+            # what the batch's forward left (its whole key/value cache, as views) goes now, not when the next
+            # batch arrives: an idle server keeps nothing of its last request beyond the caches
+            del task, batch, finish
 
     def _finish(self, batch: list[_Job], finish: Callable[[], list] | None, started: float) -> None:
         """Wait for a batch's forward and answer its requests (`finish` None: its launch failed, each alone).
