@@ -108,6 +108,23 @@ def test_calibrate_help_states_the_split_it_uses():
     assert "(default held_out)" in typedlm("eval", "--help").stdout
 
 
+def test_every_serve_option_with_a_default_says_what_it_is():
+    from typedlm.cli import build_parser
+
+    parser = build_parser()
+    serve = next(a for a in parser._subparsers._group_actions[0].choices.items() if a[0] == "serve")[1]
+    unsaid = [
+        action.option_strings[0]
+        for action in serve._actions
+        if action.option_strings
+        and action.help
+        and action.nargs != 0  # a flag's default is its absence
+        and "default" not in action.help
+        and "(0: off" not in action.help
+    ]
+    assert unsaid == [], f"serve --help gives no default for {unsaid}"
+
+
 def test_serve_on_a_port_in_use_exits_4_before_loading_the_model():
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

@@ -64,7 +64,11 @@ def _add_calibration_options(parser: argparse.ArgumentParser) -> None:
         help=f"default calibration method (requests may pick another with x_calibration; default: fitted with "
         f"--calibration-file or the file shipped for a named model, else {DEFAULT_CALIBRATION})",
     )
-    parser.add_argument("--calibration-file", default=None, help="parameters fitted by `typedlm calibrate`")
+    parser.add_argument(
+        "--calibration-file",
+        default=None,
+        help="parameters fitted by `typedlm calibrate` (default: the file shipped for a named model, if any)",
+    )
     parser.add_argument(
         "--order-reads",
         type=int,
@@ -97,9 +101,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--api-key",
         action="append",
         default=[],
-        help=f"require Authorization: Bearer KEY (repeatable; also {API_KEYS_ENV}, comma-separated)",
+        help=f"require Authorization: Bearer KEY (repeatable; also {API_KEYS_ENV}, comma-separated; default: none, "
+        "auth off)",
     )
-    serve.add_argument("--max-queue", type=int, default=16, help="requests running or waiting; more get 503")
+    serve.add_argument(
+        "--max-queue", type=int, default=16, help="requests running or waiting; more get 503 (default 16)"
+    )
     serve.add_argument("--timeout", type=float, default=300.0, help="seconds per request before a 504 (default 300)")
     serve.add_argument(
         "--max-batch",
@@ -120,7 +127,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=BODY_TIMEOUT_S,
         help=f"seconds a request's body may take to arrive whole after its head, else 408 (default {BODY_TIMEOUT_S:g})",
     )
-    serve.add_argument("--max-body-bytes", type=int, default=8 << 20, help="request body limit, after decompression")
+    serve.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=8 << 20,
+        help="request body limit, after decompression (default 8388608, 8 MiB)",
+    )
     serve.add_argument(
         "--max-pending-body-bytes",
         type=int,
@@ -152,7 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--prefix-cache-mb",
         type=int,
         default=1024,
-        help="memory for prefilled documents reused across requests (0: off)",
+        help="memory for prefilled documents reused across requests (0: off; default 1024)",
     )
     serve.add_argument(
         "--no-cuda-graphs",
@@ -177,7 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--replicas",
         type=int,
         default=None,
-        help="serve with N model replicas on Ray Serve, routed by document (needs typedlm[ray]; docs/distributed.md)",
+        help="serve with N model replicas on Ray Serve, routed by document (needs typedlm[ray]; docs/distributed.md; "
+        "default: one model, no Ray)",
     )
     serve.add_argument("--ray-address", default=None, help="with --replicas: an existing Ray cluster (default: local)")
     serve.add_argument(
