@@ -5,8 +5,11 @@
 The server runs as its own process (the embedded model by default, prefix cache on); `--clients` threads send
 /v1/systemone requests whose documents cycle through `--documents` distinct texts (so the prefix cache fills,
 evicts and hits), with a bad request (deep nesting, a lone surrogate, an oversized state) every 50th. The
-server's RSS (from /proc) is sampled every `--sample-every` requests. Prints the curve as a table and ends with
-one JSON line: requests, statuses by code, 5xx count, connection errors, RSS at 10% and at the end, their ratio.
+RSS (from /proc) of the HTTP process and of the model's process is sampled every `--sample-every` requests,
+with what /metrics accounts for (the prefix cache's and the host caches' bytes). Prints the curve as a table
+and ends with one JSON line: requests, statuses by code, 5xx count, connection errors, RSS at 10% and at the
+end, their ratio; the model process's growth from its first sample, against the growth of what /metrics
+accounts for.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
+from prometheus_client.parser import text_string_to_metric_families
 from served import served
 
 QUESTIONS = {
@@ -63,6 +68,29 @@ def rss_mb(pid: int) -> float:
     return float("nan")
 
 
+def model_rss_mb(pid: int) -> float:
+    """The model process's RSS: the server's largest child (0 with the model in the server's own process)."""
+    children = psutil.Process(pid).children(recursive=True)
+    return max((child.memory_info().rss for child in children), default=0) / 2**20
+
+
+def accounted_mb(url: str) -> float:
+    """What /metrics accounts for, in MB: the prefix cache's bytes and every host cache's."""
+    families = text_string_to_metric_families(httpx.get(url + "/metrics", timeout=30).text)
+    names = ("typedlm_prefix_cache_bytes", "typedlm_cache_bytes")
+    return sum(s.value for family in families for s in family.samples if s.name in names) / 2**20
+
+
+def sample(url: str, pid: int, done: int, started: float) -> dict[str, float]:
+    return {
+        "requests": done,
+        "rss_mb": rss_mb(pid),
+        "model_rss_mb": model_rss_mb(pid),
+        "accounted_mb": accounted_mb(url),
+        "seconds": time.perf_counter() - started,
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=100_000)
@@ -79,8 +107,8 @@ def main() -> int:
         errors = 0
         counter = itertools.count()
         lock = threading.Lock()
-        curve: list[dict[str, float]] = [{"requests": 0, "rss_mb": rss_mb(server.pid), "seconds": 0.0}]
         started = time.perf_counter()
+        curve: list[dict[str, float]] = [sample(url, server.pid, 0, started)]
 
         def client() -> None:
             nonlocal errors
@@ -106,15 +134,12 @@ def main() -> int:
                             statuses[code] += 1
                         done = sum(statuses.values()) + errors
                         if done % args.sample_every == 0:
-                            curve.append(
-                                {
-                                    "requests": done,
-                                    "rss_mb": rss_mb(server.pid),
-                                    "seconds": time.perf_counter() - started,
-                                }
-                            )
+                            point = sample(url, server.pid, done, started)
+                            curve.append(point)
                             print(
-                                f"{done:>8} requests  {curve[-1]['rss_mb']:8.1f} MB  {curve[-1]['seconds']:8.1f} s",
+                                f"{done:>8} requests  HTTP {point['rss_mb']:8.1f} MB  model "
+                                f"{point['model_rss_mb']:8.1f} MB  accounted {point['accounted_mb']:8.1f} MB  "
+                                f"{point['seconds']:8.1f} s",
                                 flush=True,
                             )
 
@@ -123,9 +148,7 @@ def main() -> int:
             thread.start()
         for thread in threads:
             thread.join()
-        curve.append(
-            {"requests": args.requests, "rss_mb": rss_mb(server.pid), "seconds": time.perf_counter() - started}
-        )
+        curve.append(sample(url, server.pid, args.requests, started))
         tenth = min(curve, key=lambda point: abs(point["requests"] - args.requests / 10))
         result = {
             "benchmark": "soak",
@@ -140,6 +163,8 @@ def main() -> int:
             "rss_mb_at_10pct": tenth["rss_mb"],
             "rss_mb_at_end": curve[-1]["rss_mb"],
             "rss_ratio_end_vs_10pct": curve[-1]["rss_mb"] / tenth["rss_mb"],
+            "model_rss_growth_mb": curve[-1]["model_rss_mb"] - curve[0]["model_rss_mb"],
+            "accounted_growth_mb": curve[-1]["accounted_mb"] - curve[0]["accounted_mb"],
             "requests_per_s": args.requests / curve[-1]["seconds"],
             "curve": curve,
         }
