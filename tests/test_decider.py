@@ -163,7 +163,7 @@ def test_more_questions_than_the_tokens_could_hold_are_refused_before_anything_i
 
     monkeypatch.setattr(real_decider.layout, "render_suffix", no_rendering)
     held = {cache.name: cache.stats()["bytes"] for cache in real_decider.caches()}
-    most = real_decider.max_request_tokens // real_decider.min_read_tokens
+    most = real_decider.max_reads
     questions = {f"q{i}": {"type": "noul"} for i in range(most + 1)}
     with pytest.raises(LimitExceeded, match=f"send at most {most} questions"):
         real_decider.respond({**BODY, "questions": questions})

@@ -268,7 +268,7 @@ def test_health_and_metrics_count_the_real_prefix_cache(server_url):
 def test_the_openapi_document_states_what_a_request_may_cost_on_this_server(server_url, real_decider):
     description = httpx.get(server_url + "/openapi.json").json()["info"]["description"]
     assert "**Limits**" in description and f"body: {8 << 20} bytes" in description
-    reads = real_decider.max_request_tokens // real_decider.min_read_tokens
+    reads = real_decider.max_reads
     assert f"at most {reads} reads" in description and f"tokens: {real_decider.max_request_tokens} per" in description
     assert "model's context (8192)" in description and "memory: 1024 MiB" in description
 

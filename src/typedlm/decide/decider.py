@@ -218,9 +218,14 @@ class Decider:
             "choice_answers": self.choice_answers,
             "prompt_version": self.prompt_version,
             "max_request_tokens": str(self.max_request_tokens),
-            "max_reads": str(self.max_request_tokens // self.min_read_tokens),
+            "max_reads": str(self.max_reads),
             "max_forward_mb": str(self.max_forward_bytes >> 20),
         }
+
+    @property
+    def max_reads(self) -> int:
+        """The most reads (questions, every order read) a request may ask for: each takes `min_read_tokens`."""
+        return self.max_request_tokens // self.min_read_tokens
 
     @property
     def max_batch(self) -> int:
@@ -254,11 +259,11 @@ class Decider:
         the model thread for seconds (and gigabytes) only to be refused after."""
         limit = self.max_request_tokens
         reads = sum(read_count(question, order_reads) for question in questions.values())
-        if reads * self.min_read_tokens > limit:
+        if reads > self.max_reads:
             raise LimitExceeded(
                 f"the request asks for {reads} reads (questions, every order read); each takes at least "
                 f"{self.min_read_tokens} tokens and this server reads at most {limit} tokens per request: send "
-                f"at most {limit // self.min_read_tokens} questions"
+                f"at most {self.max_reads} questions"
             )
         limit = min(limit, self.engine.max_positions or limit)
         # a question's every read has the same characters (its options rotated; read by name a few fewer)
@@ -293,8 +298,8 @@ class Decider:
         if need > self.max_forward_bytes:
             raise LimitExceeded(
                 f"the request takes {total} tokens, whose forward would hold about {need / 2**20:.0f} MiB; this "
-                f"server allows {self.max_forward_bytes / 2**20:.0f} MiB per request (the longest question's "
-                "rows count once per question): shorten the state, send fewer questions, or split the longest"
+                f"server allows {self.max_forward_bytes / 2**20:.0f} MiB per request (--max-forward-mb): shorten "
+                "the state or send fewer questions"
             )
 
     def prepare(self, state: Text, questions: Mapping[str, Question], order_reads: int = 1) -> Prepared:
