@@ -56,8 +56,17 @@ def test_each_row_sees_exactly_its_ancestors_and_itself():
     assert (blocks == ancestors[index[:, :, None], index[:, None, :]] & valid[:, :, None] & valid[:, None, :]).all()
 
 
-def test_segment_groups_cover_every_row_once_padded_to_their_own_longest():
+def test_a_small_batch_is_one_group_of_segments_in_their_order():
+    flat = LabelSet.build([[(1,)], [(2,)]])
+    batch = pack(10, [PackedItem(list(range(n)), flat) for n in [40, 3, 200, 5]])  # 4 x 200^2 entries: small
+    ((index, valid, blocks),) = batch.segment_groups()
+    assert index.shape == (4, 200) and valid.sum(axis=1).tolist() == [40, 3, 200, 5]
+    assert (blocks == batch.segment_visibility()).all()
+
+
+def test_segment_groups_cover_every_row_once_padded_to_their_own_longest(monkeypatch):
     # one long question among short ones: grouped by length, no short one is padded to the long one's rows
+    monkeypatch.setattr("typedlm.runtime.packing.GROUP_ENTRIES", 0)  # as a large batch is
     flat = LabelSet.build([[(1,)], [(2,)]])
     lengths = [40, 3, 200, 5, 90, 101, 4]
     batch = pack(10, [PackedItem(list(range(n)), flat) for n in lengths])

@@ -77,7 +77,7 @@ class ForwardBudget:
         n = prefix_tokens + sum(rows)
         own = 0
         for group in length_groups(rows):  # the cascade's own part, group by group (`PackedBatch.segment_groups`)
-            width = rows[group[0]]
+            width = max(rows[g] for g in group)
             own = max(own, len(group) * width * self.own_row + len(group) * width * width * self.mask_entry)
         masks = sum(rows[g] ** 2 for g in range(len(rows))) * 4 * MASK_BYTES  # every group's mask, kept all along
         full = self.full_masks * n * n * self.mask_entry

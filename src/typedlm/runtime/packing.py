@@ -33,13 +33,18 @@ from typedlm.text.labels import LabelSet
 # item layouts kept, keyed by (suffix length, label set): no token ids in them
 ITEM_LAYOUTS: BoundedCache[tuple[int, LabelSet], _Layout] = BoundedCache("item_layouts", 32 << 20)
 # whole batches' layouts kept, keyed by their items' (suffix length, label set)
+GROUP_ENTRIES = 1 << 22  # own-part mask entries ([G, S, S], padded to the longest) past which questions are grouped
 BATCH_LAYOUTS: BoundedCache[tuple[tuple[int, LabelSet], ...], tuple[PackedBatch, np.ndarray]] = BoundedCache(
     "batch_layouts", 64 << 20
 )
 
 
 def length_groups(lengths: Sequence[int]) -> list[list[int]]:
-    """Indices of `lengths` in groups, longest first: a group holds the lengths over half its first (longest)."""
+    """Indices of `lengths` in groups. While every one padded to the longest makes at most GROUP_ENTRIES mask
+    entries, one group in their order (what the cascade always did: the same sums, bit for bit); past that, groups
+    longest first, each holding the lengths over half its first (longest)."""
+    if len(lengths) * max(lengths, default=0) ** 2 <= GROUP_ENTRIES:
+        return [list(range(len(lengths)))]
     groups: list[list[int]] = []
     for g in sorted(range(len(lengths)), key=lambda g: -lengths[g]):
         if not groups or 2 * lengths[g] <= lengths[groups[-1][0]]:
@@ -122,16 +127,17 @@ class PackedBatch:
         return self.memo("segment_index", compute)
 
     def segment_groups(self) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], ...]:
-        """The segments in groups of similar length, each group padded to its longest only: (index [G, S], valid
-        [G, S], visibility [G, S, S]) per group, as `segment_index` and `segment_visibility` give them for all.
-        Longest first; a group holds the segments longer than half its longest, so padding at most doubles
-        a segment's rows and its [S, S] mask never grows with a longer question's. Read-only."""
+        """The segments in groups (`length_groups`), each group padded to its longest only: (index [G, S], valid
+        [G, S], visibility [G, S, S]) per group, as `segment_index` and `segment_visibility` give them for all. A
+        small batch is one group; a large one is grouped by length, longest first, each group holding the segments
+        longer than half its longest: padding at most doubles a segment's rows, and its [S, S] mask never grows
+        with a longer question's. Read-only."""
 
         def compute() -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], ...]:
             lengths = [end - start for start, end in self.segments]
             out = []
             for members in length_groups(lengths):
-                width = lengths[members[0]]
+                width = max(lengths[g] for g in members)
                 local = np.arange(width)
                 starts = np.array([self.segments[g][0] for g in members])  # [G]
                 valid = local[None] < np.array([lengths[g] for g in members])[:, None]  # [G, S]
