@@ -19,7 +19,9 @@ def test_start_up_objects_are_frozen_and_later_cycles_are_still_collected():
     kept = Node()
     try:
         frozen = freeze_start_up_objects()
-        assert frozen == gc.get_freeze_count() > 10_000  # this interpreter's imports, at least
+        # this interpreter's imports, at least; frozen objects that other threads of the test process drop meanwhile
+        # (its servers') leave the permanent generation, so the count can only have fallen since
+        assert frozen >= gc.get_freeze_count() > 10_000
         tracked = gc.get_objects()
         assert not any(o is kept for o in tracked)  # frozen: no collection walks it
         later = Node()
