@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 import pytest
@@ -256,3 +259,36 @@ def fake_keyed_server_url():
 
     with ServerThread(create_app(FakeDecider(), ServerSettings(api_keys=("key-one", "key-two")))) as url:
         yield url
+
+
+def json_leaves(value: Any, path: tuple = ()) -> Iterator[tuple[tuple, Any]]:
+    """(path, value) of every leaf of a decoded JSON object (lists are leaves)."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from json_leaves(item, (*path, key))
+    else:
+        yield path, value
+
+
+CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
+needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="needs a Chromium (apt-get install chromium)")
+
+
+@contextmanager
+def chromium_page() -> Iterator[Any]:
+    """A page in a headless Chromium, recording its errors (`page.errors`: page errors and console errors) and the
+    URLs it requests (`page.requested`)."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        page = browser.new_page()
+        errors: list[str] = []
+        requested: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
+        page.on("request", lambda request: requested.append(request.url))
+        page.errors, page.requested = errors, requested
+        try:
+            yield page
+        finally:
+            browser.close()

@@ -3,30 +3,21 @@ from local files only (skipped where playwright or a Chromium is not installed).
 
 from __future__ import annotations
 
-import shutil
 from urllib.parse import urlsplit
 
 import httpx
 import pytest
 
-sync_api = pytest.importorskip("playwright.sync_api")
-CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="needs a Chromium (apt-get install chromium)")
+from .conftest import chromium_page, needs_chromium
+
+pytest.importorskip("playwright.sync_api")
+pytestmark = needs_chromium
 
 
 @pytest.fixture(scope="module")
 def page():
-    with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        page = browser.new_page()
-        errors: list[str] = []
-        page.on("pageerror", lambda exc: errors.append(str(exc)))
-        page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
-        requested: list[str] = []
-        page.on("request", lambda request: requested.append(request.url))
-        page.errors, page.requested = errors, requested
+    with chromium_page() as page:
         yield page
-        browser.close()
 
 
 def test_docs_list_every_operation_of_the_document(page, fake_server_url):

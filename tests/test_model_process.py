@@ -30,7 +30,7 @@ from typedlm.server import ServerSettings, create_app
 from typedlm.server.model_process import ModelProcess, portable
 from typedlm.server.status import APIError, error_status
 
-from .conftest import FakeDecider, ServerThread
+from .conftest import FakeDecider, ServerThread, json_leaves
 
 BODY = {
     "state": "I was charged twice for my subscription this month. Please refund the second charge.",
@@ -60,21 +60,13 @@ def ask(model: ModelProcess, body: dict = BODY):
     return asyncio.run(model.answer(parsed.state, parsed.questions, parsed.calibration, parsed.order_reads))
 
 
-def _leaves(value, path=()):
-    if isinstance(value, dict):
-        for key, item in value.items():
-            yield from _leaves(item, (*path, key))
-    else:
-        yield path, value
-
-
 def assert_same_answers(got: dict, want: dict, tolerance: float = 1e-4) -> None:
     """Every field equal, floats within `tolerance`; cached tokens aside. Each process has its own prefix cache, so
     the two forwards may split a prompt at another token (46 and 50 cached tokens) and sum float32 in another order:
     usually 1.2e-6 apart, but one run of the whole suite met 2.9e-5 (the model process's answer off from the one
     every other run gives, with its cache split as always). A question answered from another question's reads, or
     calibrated otherwise, is off by far more than 1e-4."""
-    got_leaves, want_leaves = dict(_leaves(got)), dict(_leaves(want))
+    got_leaves, want_leaves = dict(json_leaves(got)), dict(json_leaves(want))
     for leaves in (got_leaves, want_leaves):
         leaves.pop(("usage", "x_cached_tokens"))
     assert got_leaves.keys() == want_leaves.keys()

@@ -4,27 +4,20 @@ server's own numbers (skipped where playwright or a Chromium is not installed)."
 from __future__ import annotations
 
 import json
-import shutil
 
 import httpx
 import pytest
 
-sync_api = pytest.importorskip("playwright.sync_api")
-CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="needs a Chromium (apt-get install chromium)")
+from .conftest import chromium_page, needs_chromium
+
+pytest.importorskip("playwright.sync_api")
+pytestmark = needs_chromium
 
 
 @pytest.fixture(scope="module")
 def page():
-    with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        page = browser.new_page()
-        errors: list[str] = []
-        page.on("pageerror", lambda exc: errors.append(str(exc)))
-        page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
-        page.errors = errors
+    with chromium_page() as page:
         yield page
-        browser.close()
 
 
 def test_the_page_asks_and_shows_the_servers_numbers(page, server_url):

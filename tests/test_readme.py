@@ -11,6 +11,8 @@ import pytest
 from typedlm import Decider
 from typedlm.runtime.models import LoadedModel
 
+from .conftest import json_leaves
+
 ROOT = Path(__file__).resolve().parent.parent
 REQUEST = "examples/request.json"
 
@@ -23,14 +25,6 @@ def _shown_response() -> dict:
     return json.loads(found.group(1))
 
 
-def _leaves(value, path=()):
-    if isinstance(value, dict):
-        for key, item in value.items():
-            yield from _leaves(item, (*path, key))
-    else:
-        yield path, value
-
-
 def test_the_readme_shows_what_the_server_answers_its_first_request(real_decider):
     shown = _shown_response()
     # a new decider as `typedlm serve` makes it (the shipped calibration, an empty prefix cache), sharing the model
@@ -38,7 +32,7 @@ def test_the_readme_shows_what_the_server_answers_its_first_request(real_decider
     body = json.loads((ROOT / REQUEST).read_text(encoding="utf-8"))
     got = served.respond(body)
     assert got["usage"] == shown["usage"], "input and cached tokens as the README shows them"
-    got_leaves, shown_leaves = dict(_leaves(got)), dict(_leaves(shown))
+    got_leaves, shown_leaves = dict(json_leaves(got)), dict(json_leaves(shown))
     assert got_leaves.keys() == shown_leaves.keys(), "the same shape"
     for path, value in shown_leaves.items():
         if isinstance(value, float):  # the README rounds to three places
