@@ -13,7 +13,6 @@ import shutil
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 import pytest
@@ -274,10 +273,11 @@ CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "
 needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="needs a Chromium (apt-get install chromium)")
 
 
-@contextmanager
-def chromium_page() -> Iterator[Any]:
-    """A page in a headless Chromium, recording its errors (`page.errors`: page errors and console errors) and the
-    URLs it requests (`page.requested`)."""
+@pytest.fixture(scope="module")
+def page() -> Iterator[Any]:
+    """A page in a headless Chromium, one per test module, recording its errors (`page.errors`: page errors and
+    console errors) and the URLs it requests (`page.requested`). Skipped without playwright; a module using it marks
+    itself `needs_chromium`."""
     sync_api = pytest.importorskip("playwright.sync_api")
     with sync_api.sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])

@@ -8,16 +8,10 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from .conftest import chromium_page, needs_chromium
+from .conftest import needs_chromium
 
 pytest.importorskip("playwright.sync_api")
-pytestmark = needs_chromium
-
-
-@pytest.fixture(scope="module")
-def page():
-    with chromium_page() as page:
-        yield page
+pytestmark = needs_chromium  # the page: conftest's Chromium page, one per module
 
 
 def test_docs_list_every_operation_of_the_document(page, fake_server_url):

@@ -8,16 +8,10 @@ import json
 import httpx
 import pytest
 
-from .conftest import chromium_page, needs_chromium
+from .conftest import needs_chromium
 
 pytest.importorskip("playwright.sync_api")
-pytestmark = needs_chromium
-
-
-@pytest.fixture(scope="module")
-def page():
-    with chromium_page() as page:
-        yield page
+pytestmark = needs_chromium  # the page: conftest's Chromium page, one per module
 
 
 def test_the_page_asks_and_shows_the_servers_numbers(page, server_url):
