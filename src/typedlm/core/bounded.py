@@ -3,7 +3,8 @@
     texts = BoundedCache("suffix_texts", max_bytes=32 << 20)
     text = texts.get(question)
     if text is None:
-        text = texts.put(question, render(question), nbytes=text_bytes(render(question)))
+        text = render(question)
+        text = texts.put(question, text, nbytes=text_bytes(text))   # another thread's value wins, if it put first
 
 Every cache a server keeps between requests is one of these, so what it may hold is a number of bytes, not of
 entries: an entry keyed by a 30,000-character option name costs what it holds, and a request cannot make the
@@ -119,11 +120,6 @@ class BoundedCache(Generic[K, V]):
     @property
     def nbytes(self) -> int:
         return self._bytes
-
-    def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()
-            self._bytes = 0
 
     def stats(self) -> dict[str, int]:
         """Entries, bytes held, the budget, and the lookups' hits and misses and the evictions since start."""

@@ -2,7 +2,7 @@
 
     budget = ForwardBudget.of(model, shape, cascade=True)
     budget.bytes(prefix_tokens=1266, rows=[31, 31, 40])    # bytes the forward will hold at its peak, at most
-    budget.tokens(1 << 30)                                   # tokens one GiB admits at the least
+    budget.tokens(1 << 30)                                   # the most tokens one GiB may admit
 
 A forward holds, at its peak (one layer at a time; measured on a CPU, `benchmarks/hostile.py`):
 - the keys/values of every token (the cached prefix is copied into the forward's own cache): per token

@@ -32,8 +32,8 @@ from typedlm.text.labels import LabelSet
 
 # item layouts kept, keyed by (suffix length, label set): no token ids in them
 ITEM_LAYOUTS: BoundedCache[tuple[int, LabelSet], _Layout] = BoundedCache("item_layouts", 32 << 20)
-# whole batches' layouts kept, keyed by their items' (suffix length, label set)
 GROUP_ENTRIES = 1 << 22  # own-part mask entries ([G, S, S], padded to the longest) past which questions are grouped
+# whole batches' layouts kept, keyed by their items' (suffix length, label set)
 BATCH_LAYOUTS: BoundedCache[tuple[tuple[int, LabelSet], ...], tuple[PackedBatch, np.ndarray]] = BoundedCache(
     "batch_layouts", 64 << 20
 )
@@ -263,7 +263,7 @@ def _batch_layout(key: tuple[tuple[int, LabelSet], ...]) -> tuple[PackedBatch, n
     found = BATCH_LAYOUTS.get(key)
     if found is None:
         found = _build_batch_layout(key)
-        rows = [len(layout.parent) for layout in (_layout(length, labels) for length, labels in key)]
+        rows = [end - start for start, end in found[0].segments]
         flat = 64 * sum(rows)  # each row's entry in the joined arrays and the derived indices
         derived = len(rows) * max(rows, default=0) ** 2 + 4 * sum(n * n for n in rows)  # padded and grouped masks
         found = BATCH_LAYOUTS.put(key, found, flat + derived)

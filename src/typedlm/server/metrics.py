@@ -12,7 +12,7 @@ Exposed at /metrics (prometheus_client's text format, one registry per app):
     typedlm_requests_pending                    requests running or waiting for the model thread (gauge)
     typedlm_prefix_cache_*                      the prefix cache's counters (hits_total, ...) and sizes
     typedlm_cache_{bytes,max_bytes,entries}{cache}  every other cache kept across requests (documents' ids,
-                                                suffix texts and ids, option names, priors), bounded in bytes;
+                                                suffix texts and ids, option names, priors, packed layouts), in bytes;
                                                 typedlm_cache_{hits,misses,evictions}_total{cache}
     typedlm_process_{resident,peak_resident}_bytes  the model's process's memory (with --model-process, read live)
     process_*                                   this HTTP process's memory, CPU and file descriptors
