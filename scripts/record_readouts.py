@@ -4,6 +4,8 @@
 
     python scripts/record_readouts.py export --sets rotten_tomatoes bbc_news ... --limit 300 --out eval/examples
 
+   (`--train-limit` and `--held-out-limit` set each split's apart; `--limit` is the default of both.)
+
 2. Where the model runs (the examples folder and the model file carried over), record every file's readouts by
    letter, and by name for files with choice questions, in `--workers` processes (a GPU is mostly idle under one
    process that reads one example at a time); `--prompt-versions` adds other wordings' train splits:
@@ -39,7 +41,8 @@ def export(args: argparse.Namespace) -> None:
 
     out = Path(args.out)
     for name in args.sets:
-        files = {f"{name}.{split}.jsonl": load_examples(name, split, args.limit, 0) for split in ("train", "held_out")}
+        limits = {"train": args.train_limit, "held_out": args.held_out_limit}
+        files = {f"{name}.{split}.jsonl": load_examples(name, split, limits[split], 0) for split in limits}
         if args.coherence:  # named so that `record` writes them where calibration_loso.py and coherence.py look
             files[f"negations/{name}.train.jsonl"] = negations(files[f"{name}.train.jsonl"])
             files[f"coherence/{name}.coherence.jsonl"] = derive(load_examples(name, "held_out", COHERENCE_LIMIT, 0))
@@ -96,6 +99,10 @@ def main() -> None:
     exporting = commands.add_parser("export", help="write the sets' samples as JSONL")
     exporting.add_argument("--sets", nargs="+", required=True)
     exporting.add_argument("--limit", type=int, default=300, help="examples per set and split")
+    exporting.add_argument("--train-limit", type=int, default=None, help="examples per set's train split (--limit)")
+    exporting.add_argument(
+        "--held-out-limit", type=int, default=None, help="examples per set's held-out split (--limit)"
+    )
     exporting.add_argument("--out", required=True)
     exporting.add_argument(
         "--coherence", action="store_true", help="also the negation pairs (train) and coherence questions (held out)"
@@ -109,6 +116,8 @@ def main() -> None:
     recording.add_argument("--prompt-versions", nargs="+", default=["1"], help="the first: every split; others: train")
     args = parser.parse_args()
     if args.command == "export":
+        args.train_limit = args.limit if args.train_limit is None else args.train_limit
+        args.held_out_limit = args.limit if args.held_out_limit is None else args.held_out_limit
         export(args)
     else:
         record_all(args)
