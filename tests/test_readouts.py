@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import gzip
+import shutil
+
 import pytest
 
 from typedlm.core.questions import parse_questions
 from typedlm.offline.evaldata import Example
-from typedlm.offline.readouts import load, record, save
+from typedlm.offline.readouts import Readout, load, record, save
 
 QUESTIONS = {
     "late": {"type": "noul", "instructions": "Is the parcel late?"},
@@ -40,3 +43,19 @@ def test_a_readout_gives_the_deciders_own_probabilities(tiny_decider, tmp_path, 
                 assert probs == pytest.approx(want, abs=1e-12) and mass == pytest.approx(answer.raw_mass, abs=1e-12)
                 assert 0 <= disagreement <= 1 and (reads == 3 or disagreement == 0)
     assert all(len(r.masses) == (1 if r.kind == "noul" else reads) for r in readouts)
+
+
+def test_readouts_are_read_back_from_gzip_files_as_from_plain_ones(tmp_path):
+    readouts = [
+        Readout("test", "a", "late", "noul", "sig-noul", [[0.25, 0.5]], [[0.5, 0.25]], 1),
+        Readout(
+            "test", "a", "topic", "choice", "sig-choice", [[0.1, 0.2, 0.3]] * 3, [[0.3, 0.2, 0.1]] * 3, 2, [1, 2, 1]
+        ),
+    ]
+    save(tmp_path / "r.jsonl", readouts)
+    with (tmp_path / "r.jsonl").open("rb") as plain, gzip.open(tmp_path / "r.jsonl.gz", "wb") as packed:
+        shutil.copyfileobj(plain, packed)  # compressed by another tool than `save`
+    assert load(tmp_path / "r.jsonl.gz") == load(tmp_path / "r.jsonl") == readouts
+    save(tmp_path / "s.jsonl.gz", readouts)
+    assert gzip.decompress((tmp_path / "s.jsonl.gz").read_bytes()) == (tmp_path / "r.jsonl").read_bytes()
+    assert load(tmp_path / "s.jsonl.gz") == readouts

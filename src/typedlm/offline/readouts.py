@@ -4,15 +4,18 @@ compared (leave-one-set-out, many variants) without running the model again.
 A `Readout` holds one answer's raw label masses for each order read (in the question's own option order), the
 same reads' masses on the content-free document (contextual calibration's priors), and the gold class.
 `record` runs a decider over examples (one forward per example, `Decider.read`); `save` / `load` keep them as
-JSONL, one readout per line.
+JSONL, one readout per line, gzip-compressed where the file's name ends in `.gz` (as the recorded readouts kept in
+the repository are).
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import IO
 
 from typedlm.core.questions import parse_questions, parse_state
 from typedlm.decide.calibration import calibrate_reads, combined_prior, signature
@@ -89,14 +92,22 @@ def record(
     return readouts
 
 
+def _open(path: Path, mode: str) -> IO[str]:
+    """A text file, read or written through gzip where its name ends in `.gz`."""
+    if path.suffix == ".gz":
+        return gzip.open(path, mode + "t", encoding="utf-8")
+    return path.open(mode, encoding="utf-8")
+
+
 def save(path: str | Path, readouts: Iterable[Readout]) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8") as f:
+    with _open(path, "w") as f:
         for readout in readouts:
             f.write(json.dumps(asdict(readout)) + "\n")
 
 
 def load(path: str | Path) -> list[Readout]:
-    with Path(path).open(encoding="utf-8") as f:
+    """The readouts saved in `path` (JSONL, or JSONL gzip-compressed where the name ends in `.gz`)."""
+    with _open(Path(path), "r") as f:
         return [Readout(**json.loads(line)) for line in f if line.strip()]
