@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from typedlm.core.answers import Answer, Response, Usage
-from typedlm.core.bounded import BoundedCache, ids_bytes, process_memory, text_bytes
+from typedlm.core.bounded import BoundedCache, process_memory
 from typedlm.core.errors import InvalidRequest, LimitExceeded
 from typedlm.core.options import EngineOptions
 from typedlm.core.questions import (
@@ -50,14 +50,8 @@ from typedlm.core.questions import (
     Text,
     parse_request,
 )
-from typedlm.decide.calibration import (
-    DEFAULT_CALIBRATION,
-    CalibrationFile,
-    calibrate_reads,
-    combined_prior,
-    shipped_calibration,
-    signature,
-)
+from typedlm.decide.calibration import DEFAULT_CALIBRATION, CalibrationFile, shipped_calibration
+from typedlm.decide.calibrators import Calibrator, ContextualCalibrator, FittedCalibrator, RawCalibrator
 from typedlm.decide.reads import CHOICE_ANSWERS, Reading, Reads, read_count, rotations, unrotate
 from typedlm.runtime.budget import default_forward_bytes
 from typedlm.runtime.engine import Engine
@@ -102,7 +96,6 @@ BATCH_REQUESTS = 64  # requests one static forward answers at most (the server's
 
 CONTENT_FREE_STATE = "N/A"  # the document contextual calibration reads the label prior from
 READ_TOKENS_MARGIN = 2  # tokens a read's suffix may lose where its text merges with the text around it
-PRIOR_CACHE_BYTES = 16 << 20  # content-free masses remembered, per suffix text
 DEFAULT_PREFIX_CACHE_BYTES = 1 << 30
 
 
@@ -171,8 +164,6 @@ class Decider:
         elif shipped is not None and shipped.prompt_version == prompt_version:
             calibration_file = shipped
         self.calibration_file = calibration_file
-        default = "fitted" if calibration_file is not None else DEFAULT_CALIBRATION
-        self.calibration = self._method(calibration or default, "--calibration")
         if order_reads is None:
             order_reads = int(calibration_file.data.get("order_reads", 1)) if calibration_file is not None else 1
         if not 1 <= order_reads <= MAX_ORDER_READS:
@@ -183,6 +174,15 @@ class Decider:
         if choice_answers not in CHOICE_ANSWERS:
             raise InvalidRequest(f"choice answers must be one of {', '.join(CHOICE_ANSWERS)}")
         self.choice_answers = choice_answers
+        # One calibrator per method (`typedlm.decide.calibrators`), resolved here once; the default is fitted where
+        # there is a file, else contextual.
+        normalised = choice_answers == "names_per_token"
+        self.contextual = ContextualCalibrator(self._content_free, normalised)  # it holds the priors
+        self.calibrators: dict[str, Calibrator] = {"raw": RawCalibrator(normalised), "contextual": self.contextual}
+        if calibration_file is not None:
+            self.calibrators["fitted"] = FittedCalibrator(calibration_file, prompt_version, normalised)
+        default = "fitted" if calibration_file is not None else DEFAULT_CALIBRATION
+        self.calibration = self.calibrator(calibration or default, "--calibration").method
         # The content-free document's prefix, prefilled once and pinned (contextual calibration).
         free = self.layout.tokenize(CONTENT_FREE_STATE, [NoulQuestion()]).prefix_ids
         cache, length = self.engine.prefill(free)
@@ -192,8 +192,6 @@ class Decider:
         shortest = [NoulQuestion("?"), ChoiceQuestion((("a", None), ("b", None)), "?"), ScoreQuestion(("a", "b"), "?")]
         suffixes = self.layout.tokenize(CONTENT_FREE_STATE, shortest).suffix_ids
         self.min_read_tokens = max(1, min(map(len, suffixes)) - READ_TOKENS_MARGIN)
-        self.priors: BoundedCache[str, list[float]] = BoundedCache("priors", PRIOR_CACHE_BYTES)  # suffix text ->
-        # content-free masses
 
     @classmethod
     def load(cls, model: str | None = None, device: str = "cpu", dtype: str | None = None, **options: Any) -> Decider:
@@ -242,16 +240,22 @@ class Decider:
         """Raise `ModelError` unless `file` was fitted for this model and prompt."""
         file.check(self.fingerprint, self.prompt_version)
 
-    def _method(self, method: str, where: str = "x_calibration") -> str:
+    def calibrator(self, method: str, where: str = "x_calibration") -> Calibrator:
+        """The calibrator of `method` (see `typedlm.decide.calibrators`).
+
+        Raises:
+            InvalidRequest: no such method, or fitted calibration without a calibration file; `where` names the
+                option or field that asked for it.
+        """
         if method not in CALIBRATION_METHODS:
             raise InvalidRequest(f"{where} must be one of {', '.join(CALIBRATION_METHODS)}", (where,))
-        if method == "fitted" and self.calibration_file is None:
+        if method not in self.calibrators:
             raise InvalidRequest(
                 "fitted calibration needs a calibration file for this model (typedlm calibrate, then "
                 "typedlm serve --calibration-file FILE)",
                 (where,),
             )
-        return method
+        return self.calibrators[method]
 
     def _check_size(self, state: Text, questions: Mapping[str, Question], order_reads: int) -> None:
         """Refuse a request too large for any tokenization to fit the token limits, on its reads and characters,
@@ -366,7 +370,7 @@ class Decider:
         question's own option order."""
         flat, items = prepared.flat, prepared.items
         # 6. the content-free priors of the same reads
-        priors = self._content_free(flat) if contextual else None
+        priors = self._priors([version for _, version, _ in flat]) if contextual else None
         reads: dict[str, Reads] = {}
         for i, (q, version, order) in enumerate(flat):
             lengths = (
@@ -405,49 +409,30 @@ class Decider:
             else question
         )
 
-    def _content_free(self, flat: list[tuple[str, Question, list[int]]]) -> list[list[float]]:
-        """Masses of each read's question on the content-free document, remembered per suffix text (the
-        content-free prompt is the same for the same suffix text, so a known one needs no tokenizing)."""
-        versions = [version for _, version, _ in flat]
-        texts = [self.layout.suffix_text(version) for version in versions]
-        found = {text: self.priors.get(text) for text in texts}
-        missing = {text: i for i, text in enumerate(texts) if found[text] is None}
-        if missing:
-            prompt = self.layout.tokenize(CONTENT_FREE_STATE, [versions[i] for i in missing.values()])
-            base = self.prefix_cache.lookup(prompt.prefix_ids)
-            items = [
-                PackedItem(ids, self.labeler.for_question(versions[i]))
-                for ids, i in zip(prompt.suffix_ids, missing.values())
-            ]
-            masses, _ = self.engine.run(prompt.prefix_ids[base.length :], items, base, keep_prefix=False)
-            for text, m in zip(missing, masses):
-                found[text] = self.priors.put(text, m, text_bytes(text) + ids_bytes(m))
-        return [found[text] for text in texts]
+    def _priors(self, versions: list[Question]) -> list[list[float]]:
+        """The content-free priors of each read's question version, from the contextual calibrator's cache."""
+        return self.contextual.priors(versions, [self.layout.suffix_text(version) for version in versions])
+
+    def _content_free(self, versions: list[Question]) -> list[list[float]]:
+        """Masses of each question version on the content-free document, from one forward over its pinned
+        prefix (what the contextual calibrator reads its missing priors with)."""
+        prompt = self.layout.tokenize(CONTENT_FREE_STATE, versions)
+        base = self.prefix_cache.lookup(prompt.prefix_ids)
+        labels = map(self.labeler.for_question, versions)
+        items = [PackedItem(ids, label_set) for ids, label_set in zip(prompt.suffix_ids, labels)]
+        masses, _ = self.engine.run(prompt.prefix_ids[base.length :], items, base, keep_prefix=False)
+        return masses
 
     def answer(self, question: Question, reads: Reads, method: str, fitted: CalibrationFile | None = None) -> Answer:
-        """One question's answer from its reads: each read calibrated by `method`, then averaged.
+        """One question's answer from its reads under `method`'s calibrator (`calibrator`).
 
         `fitted` stands in for the decider's calibration file under the fitted method.
         """
-        fitted = fitted or self.calibration_file
-        key = (
-            signature(question, self.prompt_version)
-            if method == "fitted" and fitted is not None and fitted.questions
-            else None
-        )
-        # a file's feature calibrator reads the combined reads: each read is then calibrated by its base only
-        calibrator = method == "fitted" and fitted is not None and fitted.uses_calibrator(reads.kind, key)
-        read_method = fitted.base_of(reads.kind) if calibrator else method
-        lengths = reads.lengths if self.choice_answers == "names_per_token" else None
-        probs, mass, stderr, agreement = calibrate_reads(
-            reads.kind, reads.masses, reads.priors, read_method, fitted, key, lengths
-        )
-        extras = {"stderr": stderr, "agreement": agreement, "reads": len(reads.masses)} if len(reads.masses) > 1 else {}
-        if calibrator:
-            weighs_prior = fitted.calibrator[reads.kind].get("prior_weight")  # else the prior is not needed
-            prior = combined_prior(reads.kind, reads.priors, lengths) if weighs_prior and reads.priors else None
-            probs = fitted.calibrate(reads.kind, probs, mass, 1.0 - agreement, prior)
-        return question.answer(probs, mass, extras)
+        if method == "fitted" and fitted is not None:
+            return FittedCalibrator(fitted, self.prompt_version, self.choice_answers == "names_per_token").answer(
+                question, reads
+            )
+        return self.calibrator(method).answer(question, reads)
 
     def decide(
         self,
@@ -476,7 +461,7 @@ class Decider:
     ) -> PreparedRequest:
         """A request made ready for the model (see `prepare`): every check that can refuse it is done here, so a
         batch of prepared requests fails only for reasons of the model's own. Raises as `decide` does."""
-        method = self._method(calibration) if calibration else self.calibration
+        method = self.calibrator(calibration).method if calibration else self.calibration
         k = order_reads or self.order_reads
         return PreparedRequest(self.prepare(state, questions, k), method, k)
 
@@ -508,8 +493,7 @@ class Decider:
 
     def needs_prior(self, method: str) -> bool:
         """Whether `method` reads the content-free priors."""
-        fitted = self.calibration_file
-        return method == "contextual" or (method == "fitted" and fitted is not None and fitted.needs_prior)
+        return method in self.calibrators and self.calibrators[method].needs_prior
 
     def stats(self) -> dict[str, Any]:
         """Counters for monitoring: the prefix cache's hits, misses, entries and bytes; every other cache kept
@@ -525,7 +509,7 @@ class Decider:
     def caches(self) -> list[BoundedCache]:
         """The caches of host data kept across requests, each bounded in bytes (the prefix cache aside; the packed
         layouts' are shared by every decider of this process)."""
-        return [*self.layout.caches(), self.labeler.named, self.priors, ITEM_LAYOUTS, BATCH_LAYOUTS]
+        return [*self.layout.caches(), self.labeler.named, self.contextual.cache, ITEM_LAYOUTS, BATCH_LAYOUTS]
 
     def respond(self, body: Any) -> dict[str, Any]:
         """A whole `/v1/systemone` request body → the response body."""

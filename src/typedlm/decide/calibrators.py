@@ -1,0 +1,135 @@
+"""Calibrators: one object per calibration method, each turning a question's reads into its answer.
+
+    calibrator = decider.calibrator("fitted")     # resolved once, where the decider's options are
+    answer = calibrator.answer(question, reads)   # every read calibrated, then averaged, then typed
+
+Every calibrator has the same small interface (`Calibrator`): its wire name (`method`, what `x_calibration`
+says), whether it needs the content-free priors of the reads (`needs_prior`), and `answer`. The arithmetic is
+`typedlm.decide.calibration`'s; this module decides which of it an answer goes through:
+
+- `RawCalibrator`: masses divided by their total;
+- `ContextualCalibrator`: the content-free label prior divided out. It owns the priors: a byte-bounded cache
+  of them per suffix text, and `priors`, which reads every missing one in one batched forward on the
+  content-free document (the forward itself is the decider's, passed in);
+- `FittedCalibrator`: a `CalibrationFile` on top of its base method, per question where the file knows the
+  question, else per kind, or its feature calibrator.
+
+The calibrators learned from users' gold answers build on these (`typedlm.decide.feedback`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from typedlm.core.answers import Answer
+from typedlm.core.bounded import BoundedCache, ids_bytes, text_bytes
+from typedlm.core.questions import Question
+from typedlm.decide.calibration import CalibrationFile, calibrate_reads, combined_prior, signature
+from typedlm.decide.reads import Reads
+
+PRIOR_CACHE_BYTES = 16 << 20  # content-free masses remembered, per suffix text
+
+
+class Calibrator(Protocol):
+    """What every calibration method offers the decider."""
+
+    method: str  # its name on the wire: what `x_calibration` says
+    needs_prior: bool  # whether `answer` reads the reads' content-free priors (`Reads.priors`)
+
+    def answer(self, question: Question, reads: Reads) -> Answer:
+        """The question's answer from its reads (each in the question's own option order)."""
+        ...
+
+
+def _extras(reads: Reads, stderr: float, agreement: float) -> dict[str, Any]:
+    """What an answer read in several option orders says about them (nothing for one read)."""
+    return {"stderr": stderr, "agreement": agreement, "reads": len(reads.masses)} if len(reads.masses) > 1 else {}
+
+
+class RawCalibrator:
+    """Each read's masses divided by their total, then the reads averaged. `length_normalised`: choices read by
+    name are length-normalised first (`calibration.per_token`)."""
+
+    method = "raw"
+    needs_prior = False
+
+    def __init__(self, length_normalised: bool = False):
+        self.length_normalised = length_normalised
+
+    def lengths(self, reads: Reads) -> list[int] | None:
+        """The label lengths to normalise by, where this calibrator normalises."""
+        return reads.lengths if self.length_normalised else None
+
+    def answer(self, question: Question, reads: Reads) -> Answer:
+        probs, mass, stderr, agreement = calibrate_reads(
+            reads.kind, reads.masses, reads.priors, self.method, lengths=self.lengths(reads)
+        )
+        return question.answer(probs, mass, _extras(reads, stderr, agreement))
+
+
+class ContextualCalibrator(RawCalibrator):
+    """Each read's masses with its content-free prior divided out (Zhao et al., 2021), then averaged.
+
+    `content_free(versions)`: the masses of each question version on the content-free document, from one forward;
+    `priors(versions, texts)` serves them from this calibrator's cache, keyed by each version's suffix text (the
+    content-free prompt is the same for the same suffix text), and reads only the missing ones."""
+
+    method = "contextual"
+    needs_prior = True
+
+    def __init__(
+        self,
+        content_free: Callable[[list[Question]], list[list[float]]],
+        length_normalised: bool = False,
+        cache_bytes: int = PRIOR_CACHE_BYTES,
+    ):
+        super().__init__(length_normalised)
+        self.content_free = content_free
+        self.cache: BoundedCache[str, list[float]] = BoundedCache("priors", cache_bytes)  # suffix text -> masses
+
+    def priors(self, versions: Sequence[Question], texts: Sequence[str]) -> list[list[float]]:
+        """The content-free masses of each question version (`texts`: their suffix texts), the missing ones read in
+        one forward."""
+        found = {text: self.cache.get(text) for text in texts}
+        missing = {text: i for i, text in enumerate(texts) if found[text] is None}
+        if missing:
+            masses = self.content_free([versions[i] for i in missing.values()])
+            for text, m in zip(missing, masses):
+                found[text] = self.cache.put(text, m, text_bytes(text) + ids_bytes(m))
+        return [found[text] for text in texts]
+
+
+class FittedCalibrator:
+    """A calibration file fitted for this model (`CalibrationFile`), applied on top of its base method.
+
+    A question the file knows by its signature (`prompt_version`'s words) gets its own parameters; else an answer
+    of a kind the file has a feature calibrator for goes through it (its reads combined by the calibrator's base),
+    else its kind's parameters."""
+
+    method = "fitted"
+
+    def __init__(self, file: CalibrationFile, prompt_version: str, length_normalised: bool = False):
+        self.file = file
+        self.prompt_version = prompt_version
+        self.length_normalised = length_normalised
+
+    @property
+    def needs_prior(self) -> bool:
+        return self.file.needs_prior
+
+    def answer(self, question: Question, reads: Reads) -> Answer:
+        file = self.file
+        key = signature(question, self.prompt_version) if file.questions else None
+        # a file's feature calibrator reads the combined reads: each read is then calibrated by its base only
+        calibrator = file.uses_calibrator(reads.kind, key)
+        read_method = file.base_of(reads.kind) if calibrator else self.method
+        lengths = reads.lengths if self.length_normalised else None
+        probs, mass, stderr, agreement = calibrate_reads(
+            reads.kind, reads.masses, reads.priors, read_method, file, key, lengths
+        )
+        if calibrator:
+            weighs_prior = file.calibrator[reads.kind].get("prior_weight")  # else the prior is not needed
+            prior = combined_prior(reads.kind, reads.priors, lengths) if weighs_prior and reads.priors else None
+            probs = file.calibrate(reads.kind, probs, mass, 1.0 - agreement, prior)
+        return question.answer(probs, mass, _extras(reads, stderr, agreement))
