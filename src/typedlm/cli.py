@@ -7,6 +7,7 @@
     typedlm eval rotten_tomatoes --limit 300 --methods raw contextual --out eval/rt.json
     typedlm eval data.jsonl --url http://127.0.0.1:8000
     typedlm calibrate rotten_tomatoes bbc_news sys1bench --out calibration.json
+    typedlm feedback stats --feedback-db feedback.sqlite     # also: feedback export OUT.jsonl, import IN.jsonl
 
 Bad input prints a clear message on stderr and exits 2; a model that cannot be loaded exits 3; `serve` on an
 address it cannot listen on (a port in use) exits 4, before loading the model.
@@ -26,6 +27,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from typedlm import cli_feedback
 from typedlm.core.errors import InvalidRequest, ModelError, TypedLMError
 from typedlm.core.questions import CALIBRATION_METHODS
 from typedlm.decide.calibration import DEFAULT_CALIBRATION
@@ -249,6 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
     models.add_argument("action", nargs="?", choices=("list", "install"), default="list")
     models.add_argument("name", nargs="?", help="install: the model to install (its name or alias)")
     models.add_argument("--json", action="store_true", help="list as JSON")
+    cli_feedback.add_parser(commands)
     return parser
 
 
@@ -644,6 +647,7 @@ def main(argv: list[str] | None = None) -> int:
         "calibrate": calibrate_command,
         "models": models_command,
         "batch": batch_command,
+        "feedback": cli_feedback.run,
     }
     try:
         return commands[args.command](args)

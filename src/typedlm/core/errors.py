@@ -3,6 +3,7 @@
 Every error a caller can provoke is a `TypedLMError`. `InvalidRequest` (and its subclass
 `LimitExceeded`) mean "the input is wrong, change it"; the HTTP layer maps them to 4xx in one place.
 `ModelError` means the model or its tokenizer cannot be served the way typedlm reads answers.
+`StoreError` means the feedback database cannot be opened, read or written as typedlm keeps it.
 """
 
 from __future__ import annotations
@@ -40,3 +41,7 @@ class LimitExceeded(InvalidRequest):
 
 class ModelError(TypedLMError):
     """The model or tokenizer cannot be loaded, or cannot be read the way typedlm reads answers."""
+
+
+class StoreError(TypedLMError):
+    """The feedback database cannot be opened or is not one typedlm wrote, or a file to import is not labels."""
