@@ -1,0 +1,364 @@
+"""Calibration learned from gold answers, per question, hierarchically. Plain numbers, no model, no storage.
+
+A labeled answer (`Sample`: the default's probabilities for it, its raw mass and order-read disagreement, and the
+gold answer's index) counts at three levels of the question it answers (`question_keys`):
+
+    exact    the question itself: type, instructions and options (`calibration.signature`)
+    family   type and instructions: the same question over options that vary
+    kind     every question of its type (all of a user's yes/no questions, say)
+
+Each level holds a small calibrator fitted on its own labels, on what the level above it gives (kind on the
+default, family on kind, exact on family), so an answer goes default → kind → family → exact, and a level without
+labels passes its input on unchanged. A level's parameters θ are fitted by maximum a posteriori with a Gaussian
+prior centred on "change nothing" (θ = 0): minimise Σ −log p(gold) + λ/2·|θ|², λ = `SHRINK`, so a level is shrunk
+towards its parent: 3 labels move it a little, 100 a lot. Two variants (`VARIANTS`), chosen per level by
+`CV_FOLDS`-fold cross-validation on its labels whenever its count doubles from `MIN_CV_LABELS` on:
+
+    scale      p ∝ q^(1/T)·e^(b): a temperature, and a bias per answer where the level's answers are the same
+               answers (noul everywhere: a bias on yes; choice and score at the exact level, up to
+               `MAX_BIAS_ANSWERS` answers)
+    features   log T = w·φ, φ the feature calibrator's features of the answer (`calibration.calibrator_features`),
+               for noul with a bias on yes too
+
+Fitting is damped Gauss-Newton on the parameters (at most a few dozen), over at most `MAX_LEVEL_LABELS` labels per
+level (the latest). `Learner.add` refits the levels a new label touches; `Learner.calibrate` reads an immutable
+snapshot, so answering never waits for a refit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from typedlm.core.questions import Question
+from typedlm.decide.calibration import CALIBRATOR_FEATURES, FLOOR, LOG_T_BOUNDS, signature
+
+LEVELS = ("exact", "family", "kind")  # the most specific first: an answer's report names the first with labels
+SHRINK = 10.0  # λ: the prior's weight, in labels' worth of log loss curvature (see the module docstring)
+MAX_LEVEL_LABELS = 4096  # the latest labels a level is fitted on
+MAX_BIAS_ANSWERS = 16  # a per-answer bias only for questions with at most this many answers
+MIN_CV_LABELS = 10  # a level's variant is chosen by cross-validation from this many labels on, at each doubling
+CV_FOLDS = 5
+VARIANTS = ("scale", "features")
+NEWTON_STEPS = 25
+
+
+def _hash(*parts: object) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def question_keys(question: Question, prompt_version: str) -> dict[str, str]:
+    """The question's key at each level (see the module docstring): exact, family and kind."""
+    return {
+        "exact": signature(question, prompt_version),
+        "family": _hash(question.kind, question.instructions),
+        "kind": question.kind,
+    }
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One labeled answer as the learner sees it."""
+
+    probs: tuple[float, ...]  # the default calibration's probabilities
+    mass: float  # the raw label mass
+    disagreement: float  # share of order reads disagreeing with the top answer (0 with one read)
+    gold: int
+
+
+@dataclass(frozen=True)
+class LevelFit:
+    """A level's fitted calibrator: its variant, parameters and the labels it was fitted on."""
+
+    kind: str
+    variant: str
+    theta: tuple[float, ...]
+    labels: int
+    biased: bool  # whether it has a bias per answer (or on yes for noul)
+
+    def apply(self, probs: Sequence[float], mass: float, disagreement: float) -> list[float]:
+        """`probs` through this level."""
+        return self.apply_rows(np.asarray([probs], dtype=np.float64), np.asarray([mass]), np.asarray([disagreement]))[
+            0
+        ].tolist()
+
+    def apply_rows(self, probs: np.ndarray, mass: np.ndarray, disagreement: np.ndarray) -> np.ndarray:
+        """Answers of one size through this level: probabilities [N, n], raw masses [N], disagreements [N]."""
+        rows = _rows(probs, mass, disagreement)
+        return _softmax(_logits(self.kind, self.variant, np.asarray(self.theta), self.biased, rows))
+
+
+# ---- the model: logits and their Jacobian in θ, for samples of one size n -------------------------------------
+
+
+@dataclass
+class _Rows:
+    """Samples of one size n as arrays: log probabilities [N, n], features [N, d], gold [N]."""
+
+    log_p: np.ndarray
+    phi: np.ndarray
+    gold: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+
+
+def _rows(probs: np.ndarray, mass: np.ndarray, disagreement: np.ndarray, gold: np.ndarray | None = None) -> _Rows:
+    """Answers of one size as the model reads them; the features are `calibration.calibrator_features`'s, computed
+    for all rows at once."""
+    n = probs.shape[1]
+    safe = np.where(probs > 0, probs, 1.0)
+    entropy = -(probs * np.log(safe)).sum(axis=1) / math.log(n)
+    phi = np.stack(
+        [np.ones(len(probs)), np.log(np.maximum(mass, FLOOR)), entropy, np.full(len(probs), math.log(n)), disagreement],
+        axis=1,
+    )
+    log_p = np.log(np.maximum(probs, FLOOR))
+    return _Rows(log_p, phi, gold if gold is not None else np.zeros(0, dtype=np.int64))
+
+
+def _bias_size(kind: str, n: int, biased: bool) -> int:
+    if not biased:
+        return 0
+    return 1 if kind == "noul" else n
+
+
+def _size(kind: str, variant: str, n: int, biased: bool) -> int:
+    return (1 if variant == "scale" else len(CALIBRATOR_FEATURES)) + _bias_size(kind, n, biased)
+
+
+def _scales(variant: str, theta: np.ndarray, rows: _Rows) -> tuple[np.ndarray, np.ndarray]:
+    """Each sample's 1/T [N] and whether its log T is inside the bounds (else its gradient is 0) [N]."""
+    log_t = np.full(len(rows.log_p), -theta[0]) if variant == "scale" else rows.phi @ theta[: rows.phi.shape[1]]
+    inside = (log_t > LOG_T_BOUNDS[0]) & (log_t < LOG_T_BOUNDS[1])
+    return np.exp(-np.clip(log_t, *LOG_T_BOUNDS)), inside
+
+
+def _logits(kind: str, variant: str, theta: np.ndarray, biased: bool, rows: _Rows) -> np.ndarray:
+    scale, _ = _scales(variant, theta, rows)
+    logits = rows.log_p * scale[:, None]
+    k = _size(kind, variant, rows.log_p.shape[1], False)
+    if biased:
+        if kind == "noul":
+            logits[:, 0] += theta[k]
+        else:
+            logits += theta[k:]
+    return logits
+
+
+def _jacobian(kind: str, variant: str, theta: np.ndarray, biased: bool, rows: _Rows) -> np.ndarray:
+    """d logits / d θ: [N, n, P]."""
+    n_rows, n = rows.log_p.shape
+    scale, inside = _scales(variant, theta, rows)
+    jac = np.zeros((n_rows, n, len(theta)))
+    scaled = rows.log_p * (scale * inside)[:, None]  # d logits / d(−log T)
+    if variant == "scale":
+        jac[:, :, 0] = scaled  # θ0 = −log T
+        k = 1
+    else:
+        k = rows.phi.shape[1]
+        jac[:, :, :k] = -scaled[:, :, None] * rows.phi[:, None, :]
+    if biased:
+        if kind == "noul":
+            jac[:, 0, k] = 1.0
+        else:
+            jac[:, np.arange(n), k + np.arange(n)] = 1.0
+    return jac
+
+
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
+    return shifted / shifted.sum(axis=1, keepdims=True)
+
+
+def _loss(kind: str, variant: str, theta: np.ndarray, biased: bool, groups: Sequence[_Rows], shrink: float) -> float:
+    total = 0.5 * shrink * float(theta @ theta)
+    for rows in groups:
+        logits = _logits(kind, variant, theta, biased, rows)
+        top = logits.max(axis=1)
+        log_z = top + np.log(np.exp(logits - top[:, None]).sum(axis=1))
+        total += float((log_z - logits[np.arange(len(rows.gold)), rows.gold]).sum())
+    return total
+
+
+def fit(
+    kind: str,
+    variant: str,
+    groups: Sequence[_Rows],
+    biased: bool,
+    shrink: float = SHRINK,
+    start: np.ndarray | None = None,
+) -> np.ndarray:
+    """θ minimising the level's log loss plus the shrinkage term, by damped Gauss-Newton from `start` (0: no
+    change). `groups`: the level's samples, one `_Rows` per size n (a bias per answer needs one size)."""
+    size = _size(kind, variant, groups[0].log_p.shape[1], biased)
+    theta = np.zeros(size) if start is None or len(start) != size else np.array(start, dtype=np.float64)
+    loss = _loss(kind, variant, theta, biased, groups, shrink)
+    for _ in range(NEWTON_STEPS):
+        grad, hess = shrink * theta, shrink * np.eye(size)
+        for rows in groups:
+            jac = _jacobian(kind, variant, theta, biased, rows)
+            probs = _softmax(_logits(kind, variant, theta, biased, rows))
+            residual = probs.copy()
+            residual[np.arange(len(rows.gold)), rows.gold] -= 1.0
+            grad = grad + np.einsum("inp,in->p", jac, residual)
+            weighted = np.einsum("inp,in->ip", jac, probs)
+            hess = hess + np.einsum("inp,in,inq->pq", jac, probs, jac) - weighted.T @ weighted
+        step = np.linalg.solve(hess, -grad)
+        scale = 1.0
+        while scale > 1e-4:
+            trial = theta + scale * step
+            trial_loss = _loss(kind, variant, trial, biased, groups, shrink)
+            if trial_loss <= loss:
+                break
+            scale /= 2
+        else:
+            break
+        theta, improvement, loss = trial, loss - trial_loss, trial_loss
+        if improvement < 1e-7 * max(1.0, abs(loss)):
+            break
+    return theta
+
+
+# ---- a level: its samples, variant and fit ------------------------------------------------------------------
+
+
+@dataclass
+class Level:
+    """One key's labels at one level and its current fit."""
+
+    kind: str
+    biasable: bool  # whether a bias per answer is possible here (noul, or the exact level of a small question)
+    samples: list[int] = field(default_factory=list)  # indexes into the learner's samples, oldest first
+    variant: str = "scale"
+    theta: np.ndarray | None = None
+    chosen_at: int = 0  # the label count at the last cross-validation
+
+    def fit(self, groups: Sequence[_Rows], shrink: float) -> LevelFit:
+        """Refit on `groups` (this level's samples as its parent gives them, one `_Rows` per size), choosing the
+        variant again by cross-validation where the count has doubled since the last choice."""
+        n = sum(len(rows.gold) for rows in groups)
+        if n >= MIN_CV_LABELS and n >= 2 * self.chosen_at:
+            self.variant = choose_variant(self.kind, groups, self.biasable, shrink)
+            self.chosen_at, self.theta = n, None
+        self.theta = fit(self.kind, self.variant, groups, self.biasable, shrink, self.theta)
+        return LevelFit(self.kind, self.variant, tuple(self.theta.tolist()), n, self.biasable)
+
+
+def _subset(rows: _Rows, keep: np.ndarray) -> _Rows:
+    return _Rows(rows.log_p[keep], rows.phi[keep], rows.gold[keep])
+
+
+def choose_variant(kind: str, groups: Sequence[_Rows], biased: bool, shrink: float) -> str:
+    """The variant with the lower cross-validated log loss on these labels (folds by position: `CV_FOLDS`)."""
+    losses = {}
+    for variant in VARIANTS:
+        total = 0.0
+        for fold in range(CV_FOLDS):
+            folds = [np.arange(len(rows.gold)) % CV_FOLDS == fold for rows in groups]
+            train = [_subset(rows, ~f) for rows, f in zip(groups, folds) if (~f).any()]
+            test = [_subset(rows, f) for rows, f in zip(groups, folds) if f.any()]
+            if not train or not test:
+                continue
+            theta = fit(kind, variant, train, biased, shrink)
+            total += _loss(kind, variant, theta, biased, test, 0.0)
+        losses[variant] = total
+    return min(VARIANTS, key=lambda v: losses[v])
+
+
+# ---- the learner ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Used:
+    """What an answer's calibration used: the most specific level with labels, and their count."""
+
+    level: str
+    labels: int
+
+
+class Learner:
+    """Every level's labels and fits. `add` (one writer at a time: a lock) refits the levels a label touches and
+    publishes a new snapshot; `calibrate` (any thread, no lock) reads the snapshot it finds."""
+
+    def __init__(self, shrink: float = SHRINK):
+        self.shrink = shrink
+        self.samples: list[Sample] = []
+        self.levels: dict[tuple[str, str], Level] = {}  # (level, key) -> Level
+        self.snapshot: dict[tuple[str, str], LevelFit] = {}
+        self.keys_of: dict[int, dict[str, str]] = {}  # sample index -> its question's keys
+        self._lock = threading.Lock()
+
+    def add(self, labeled: Iterable[tuple[dict[str, str], Sample]]) -> None:
+        """Labels (each its question's keys and its sample), then every level they touch refitted, the most general
+        first (each level is fitted on what its parent gives once refitted)."""
+        with self._lock:
+            touched: dict[str, set[str]] = {level: set() for level in LEVELS}
+            for keys, sample in labeled:
+                index = len(self.samples)
+                self.samples.append(sample)
+                for level in LEVELS:
+                    biasable = sample_biasable(keys["kind"], level, len(sample.probs))
+                    entry = self.levels.setdefault((level, keys[level]), Level(keys["kind"], biasable))
+                    entry.samples.append(index)
+                    if len(entry.samples) > MAX_LEVEL_LABELS:
+                        del entry.samples[0]
+                    touched[level].add(keys[level])
+                self.keys_of[index] = keys
+            snapshot = dict(self.snapshot)
+            for level in reversed(LEVELS):  # kind, family, exact
+                for key in touched[level]:
+                    entry = self.levels[(level, key)]
+                    snapshot[(level, key)] = entry.fit(self._inputs(snapshot, level, entry), self.shrink)
+            self.snapshot = snapshot
+
+    def _inputs(self, snapshot: dict[tuple[str, str], LevelFit], level: str, entry: Level) -> list[_Rows]:
+        """A level's samples as the levels above it give them (one `_Rows` per answer count). The samples of a
+        family share its kind, those of an exact question its family: their parents are the same levels."""
+        by_size: dict[int, list[Sample]] = {}
+        for index in entry.samples:
+            sample = self.samples[index]
+            by_size.setdefault(len(sample.probs), []).append(sample)
+        keys = self.keys_of[entry.samples[-1]]
+        groups = []
+        for samples in by_size.values():
+            probs = np.asarray([s.probs for s in samples], dtype=np.float64)
+            mass = np.asarray([s.mass for s in samples])
+            disagreement = np.asarray([s.disagreement for s in samples])
+            for above in reversed(LEVELS[LEVELS.index(level) + 1 :]):
+                fitted = snapshot.get((above, keys[above]))
+                if fitted is not None:
+                    probs = fitted.apply_rows(probs, mass, disagreement)
+            groups.append(_rows(probs, mass, disagreement, np.asarray([s.gold for s in samples], dtype=np.int64)))
+        return groups
+
+    def calibrate(
+        self, keys: dict[str, str], probs: Sequence[float], mass: float, disagreement: float
+    ) -> tuple[list[float], Used | None]:
+        """An answer's default probabilities through every level of its question that has labels (kind, family,
+        exact), and the most specific of them (None: no labels at any level; the probabilities unchanged)."""
+        snapshot, used = self.snapshot, None
+        out = list(probs)
+        for level in reversed(LEVELS):
+            fitted = snapshot.get((level, keys[level]))
+            if fitted is not None and len(out) == len(probs):
+                out = fitted.apply(out, mass, disagreement)
+                used = Used(level, fitted.labels)
+        return out, used
+
+    def labels(self, level: str, key: str) -> int:
+        fitted = self.snapshot.get((level, key))
+        return fitted.labels if fitted is not None else 0
+
+
+def sample_biasable(kind: str, level: str, n: int) -> bool:
+    """Whether a level may learn a bias per answer: on yes for noul everywhere; per answer at the exact level of a
+    choice or score with at most `MAX_BIAS_ANSWERS` answers (elsewhere the answers differ from label to label)."""
+    return kind == "noul" or (level == "exact" and n <= MAX_BIAS_ANSWERS)
+
+
+def log_loss(probs: Sequence[float], gold: int) -> float:
+    return -math.log(max(probs[gold], FLOOR))
