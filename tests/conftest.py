@@ -26,6 +26,10 @@ from typedlm.text.labels import LabelSet
 
 FAMILIES = ("qwen3", "llama", "gemma3")
 
+# Servers the tests start keep no feedback unless a test gives them a database of its own: gold answers a developer
+# posted to this machine's default database would otherwise change their answers.
+os.environ["TYPEDLM_FEEDBACK_DB"] = "none"
+
 needs_triton = pytest.mark.skipif(not kernel_available(), reason="Triton is not installed")
 
 

@@ -97,6 +97,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="serve /v1/systemone, /v1/models and /v1/chat/completions over HTTP")
     _add_model_options(serve)
     _add_calibration_options(serve)
+    serve.add_argument(
+        "--feedback-db",
+        default=os.environ.get("TYPEDLM_FEEDBACK_DB", "default"),
+        metavar="PATH",
+        help="the SQLite file gold answers are posted to and learned from (POST /v1/systemone/feedback); none: "
+        "keep nothing (default: feedback/<model fingerprint>.sqlite in the cache folder, $TYPEDLM_CACHE or "
+        "~/.cache/typedlm; $TYPEDLM_FEEDBACK_DB sets another default)",
+    )
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
     serve.add_argument(
@@ -340,12 +348,18 @@ def _serve_options(args: argparse.Namespace, kind: type[ServeOptions] | None = N
             calibration=args.calibration,
             calibration_file=str(Path(args.calibration_file).resolve()) if args.calibration_file else None,
             order_reads=args.order_reads,
+            feedback_db=_feedback_path(args.feedback_db),
             **more,
         )
     except ValidationError as exc:
         error = exc.errors()[0]
         option = "--" + "-".join(str(part) for part in error["loc"]).replace("_", "-")
         raise InvalidRequest(f"{option}: {error['msg']}") from exc
+
+
+def _feedback_path(value: str) -> str:
+    """--feedback-db as the model process (or a replica elsewhere) reads it: a path made absolute, or a keyword."""
+    return value if value in ("default", "none") else str(Path(value).resolve())
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -432,6 +446,13 @@ def load_served_decider(options: ServeOptions):
     )
     for line in decider.features.summary():
         print(f"typedlm: {line}", file=sys.stderr)
+    if decider.feedback is not None:
+        feedback = decider.feedback
+        print(
+            f"typedlm: feedback: {feedback.learned} labels learned from {feedback.store.path} "
+            "(POST /v1/systemone/feedback; --feedback-db none keeps nothing)",
+            file=sys.stderr,
+        )
     return decider
 
 

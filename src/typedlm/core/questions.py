@@ -22,8 +22,9 @@ MAX_OPTIONS = 255
 MIN_LEVELS = 2
 MAX_LEVELS = 10
 QUESTION_TYPES = ("noul", "choice", "score")  # the `kind` of each question class below
-CALIBRATION_METHODS = ("raw", "contextual", "fitted")  # see typedlm.decide.calibration
+CALIBRATION_METHODS = ("raw", "contextual", "fitted", "feedback")  # see typedlm.decide.calibrators
 MAX_ORDER_READS = 8  # option orders read per choice/score question (x_order_reads)
+MAX_FEEDBACK_ID_CHARS = 200  # x_feedback_id: a client's idempotency id for a feedback post
 MAX_CHARS_PER_TOKEN = 32  # no tokenizer packs more text than this into one token of real text: text longer than
 # this many characters per token of a limit is over it before it is tokenized (a name, a request's text)
 
@@ -264,3 +265,61 @@ def parse_request(body: Any) -> Request:
     ):
         raise InvalidRequest(f"x_order_reads must be an integer from 1 to {MAX_ORDER_READS}", ("x_order_reads",))
     return Request(parse_state(body.get("state")), parse_questions(body["questions"]), model, calibration, order_reads)
+
+
+def question_to_wire(question: Question) -> dict[str, Any]:
+    """A question as a request would send it (`parse_question` reads it back as an equal question)."""
+    wire: dict[str, Any] = {"type": question.kind}
+    if question.instructions is not None:
+        wire["instructions"] = question.instructions
+    if isinstance(question, NoulQuestion):
+        criteria = {"true": question.true, "false": question.false}
+        if any(value is not None for value in criteria.values()):
+            wire["criteria"] = {key: value for key, value in criteria.items() if value is not None}
+    elif isinstance(question, ChoiceQuestion):
+        wire["criteria"] = dict(question.options)
+    else:
+        wire["criteria"] = list(question.levels)
+    return wire
+
+
+@dataclass(frozen=True)
+class FeedbackRequest:
+    """A validated feedback post: the request as `/v1/systemone` reads it, each labeled question's gold answer as
+    an index into its probabilities, and the client's idempotency id (None: every post counts)."""
+
+    request: Request
+    gold: dict[str, int]
+    feedback_id: str | None = None
+
+
+def parse_feedback(body: Any) -> FeedbackRequest:
+    """A decoded `/v1/systemone/feedback` body: a `/v1/systemone` body plus `gold` ({question id: answer}; noul
+    true/false, choice an option's name, score a level index) and an optional `x_feedback_id`.
+
+    Raises:
+        InvalidRequest: as `parse_request`, or naming the gold answer (`("gold", id)`) or the id that is wrong.
+    """
+    request = parse_request(body)
+    gold = body.get("gold")
+    if not isinstance(gold, Mapping) or not gold:
+        raise InvalidRequest(
+            'gold must be an object mapping question ids to their right answers, like {"billing": true}', ("gold",)
+        )
+    indexes = {}
+    for qid, answer in gold.items():
+        if qid not in request.questions:
+            raise InvalidRequest(f"{qid!r} is not one of this request's questions", ("gold", qid))
+        question = request.questions[qid]
+        try:
+            indexes[qid] = question.gold_index(answer)
+        except ValueError as exc:
+            raise InvalidRequest(f"a {question.kind} question's gold answer must be {exc}", ("gold", qid)) from None
+    feedback_id = body.get("x_feedback_id")
+    if feedback_id is not None and (
+        not isinstance(feedback_id, str) or not 0 < len(feedback_id) <= MAX_FEEDBACK_ID_CHARS
+    ):
+        raise InvalidRequest(
+            f"x_feedback_id must be a string of 1 to {MAX_FEEDBACK_ID_CHARS} characters", ("x_feedback_id",)
+        )
+    return FeedbackRequest(request, indexes, feedback_id)

@@ -44,14 +44,18 @@ from typedlm.core.questions import (
     MAX_OPTIONS,
     MAX_ORDER_READS,
     ChoiceQuestion,
+    FeedbackRequest,
     NoulQuestion,
     Question,
     ScoreQuestion,
     Text,
+    parse_feedback,
     parse_request,
 )
 from typedlm.decide.calibration import DEFAULT_CALIBRATION, CalibrationFile, shipped_calibration
 from typedlm.decide.calibrators import Calibrator, ContextualCalibrator, FittedCalibrator, RawCalibrator
+from typedlm.decide.feedback import POLL_S, Feedback, FeedbackCalibrator, feedback_needed
+from typedlm.decide.learning import Learner
 from typedlm.decide.reads import CHOICE_ANSWERS, Reading, Reads, read_count, rotations, unrotate
 from typedlm.runtime.budget import default_forward_bytes
 from typedlm.runtime.engine import Engine
@@ -59,6 +63,7 @@ from typedlm.runtime.features import Features
 from typedlm.runtime.models import LoadedModel, load_model, model_fingerprint
 from typedlm.runtime.packing import BATCH_LAYOUTS, ITEM_LAYOUTS, PackedItem
 from typedlm.runtime.prefix_cache import PrefixCache
+from typedlm.store.feedback import FeedbackStore
 from typedlm.text.labels import Labeler
 from typedlm.text.prompt import PROMPT_VERSION, ChatLayout, TokenizedPrompt, render_text, wording
 
@@ -86,6 +91,7 @@ class PreparedRequest:
     reads: Prepared
     method: str
     order_reads: int
+    keep_reading: bool = False  # its response keeps what the model read (`Response.reading`): a feedback post
 
     @property
     def tokens(self) -> int:
@@ -115,6 +121,8 @@ class Decider:
         order_reads: int | None = None,
         choice_answers: str | None = None,
         prompt_version: str | None = None,
+        feedback_db: str | Path | None = None,
+        feedback_poll_s: float = POLL_S,
     ):
         """Prepare a loaded model. `engine`: the feature switches (see `typedlm.core.options`);
         `max_input_tokens`: tokens per request (None: as many as `max_forward_bytes` admits; each question with
@@ -128,7 +136,10 @@ class Decider:
         question (None: what the calibration file was fitted with, else 1); `choice_answers`: how choice options are
         answered, one of `reads.CHOICE_ANSWERS` (None: what the calibration file was fitted with, else letters);
         `prompt_version`: the prompt's wording, one of `text.prompt.WORDINGS` (None: the version the calibration file,
-        given or shipped for this model, was fitted with, else `PROMPT_VERSION`)."""
+        given or shipped for this model, was fitted with, else `PROMPT_VERSION`); `feedback_db`: the feedback database
+        (`typedlm.store.feedback`) whose gold answers calibrate this model's answers ("default": this model's file in
+        the cache folder; None or "none": none kept, no feedback calibration); `feedback_poll_s`: how often it is
+        read for labels other processes stored."""
         if isinstance(calibration_file, (str, Path)):
             calibration_file = CalibrationFile.load(calibration_file)
         self.name = loaded.name
@@ -182,6 +193,25 @@ class Decider:
         if calibration_file is not None:
             self.calibrators["fitted"] = FittedCalibrator(calibration_file, prompt_version, normalised)
         default = "fitted" if calibration_file is not None else DEFAULT_CALIBRATION
+        # Feedback: the default (or the method asked for) with what users' gold answers taught on top; the
+        # default wherever a feedback database is open, unless another method is asked for.
+        self.feedback: Feedback | None = None
+        if feedback_db == "default":
+            feedback_db = FeedbackStore.default_path(self.fingerprint)  # one file per model, in the cache folder
+        if feedback_db not in (None, "none"):
+            base = self.calibrator(default if calibration in (None, "feedback") else calibration, "--calibration")
+            learner = FeedbackCalibrator(base, Learner(), prompt_version)
+            self.calibrators["feedback"] = learner
+            store = FeedbackStore(feedback_db)
+            self.feedback = Feedback(
+                store,
+                learner,
+                model=self.name,
+                fingerprint=self.fingerprint,
+                reading=choice_answers,
+                poll_s=feedback_poll_s,
+            )
+            default = "feedback"
         self.calibration = self.calibrator(calibration or default, "--calibration").method
         # The content-free document's prefix, prefilled once and pinned (contextual calibration).
         free = self.layout.tokenize(CONTENT_FREE_STATE, [NoulQuestion()]).prefix_ids
@@ -192,6 +222,8 @@ class Decider:
         shortest = [NoulQuestion("?"), ChoiceQuestion((("a", None), ("b", None)), "?"), ScoreQuestion(("a", "b"), "?")]
         suffixes = self.layout.tokenize(CONTENT_FREE_STATE, shortest).suffix_ids
         self.min_read_tokens = max(1, min(map(len, suffixes)) - READ_TOKENS_MARGIN)
+        if self.feedback is not None:
+            self.feedback.start()  # what is stored is learned now; then polled for other processes' posts
 
     @classmethod
     def load(cls, model: str | None = None, device: str = "cpu", dtype: str | None = None, **options: Any) -> Decider:
@@ -218,6 +250,7 @@ class Decider:
             "max_request_tokens": str(self.max_request_tokens),
             "max_reads": str(self.max_reads),
             "max_forward_mb": str(self.max_forward_bytes >> 20),
+            "feedback_db": str(self.feedback.store.path) if self.feedback is not None else "none",
         }
 
     @property
@@ -249,6 +282,8 @@ class Decider:
         """
         if method not in CALIBRATION_METHODS:
             raise InvalidRequest(f"{where} must be one of {', '.join(CALIBRATION_METHODS)}", (where,))
+        if method == "feedback" and method not in self.calibrators:
+            raise feedback_needed()
         if method not in self.calibrators:
             raise InvalidRequest(
                 "fitted calibration needs a calibration file for this model (typedlm calibrate, then "
@@ -458,12 +493,14 @@ class Decider:
         questions: Mapping[str, Question],
         calibration: str | None = None,
         order_reads: int | None = None,
+        keep_reading: bool = False,
     ) -> PreparedRequest:
         """A request made ready for the model (see `prepare`): every check that can refuse it is done here, so a
-        batch of prepared requests fails only for reasons of the model's own. Raises as `decide` does."""
+        batch of prepared requests fails only for reasons of the model's own. Raises as `decide` does.
+        `keep_reading`: its response keeps the reads (`Response.reading`), as a feedback post needs."""
         method = self.calibrator(calibration).method if calibration else self.calibration
         k = order_reads or self.order_reads
-        return PreparedRequest(self.prepare(state, questions, k), method, k)
+        return PreparedRequest(self.prepare(state, questions, k), method, k, keep_reading)
 
     def decide_prepared(self, requests: Sequence[PreparedRequest]) -> list[Response]:
         """Answer several prepared requests from ONE forward (see `forward`): each as `decide` would alone."""
@@ -484,12 +521,52 @@ class Decider:
             method, questions = request.method, request.reads.questions
             reading = self.finish(request.reads, masses, cached, contextual=self.needs_prior(method))
             answers = {q: self.answer(questions[q], reading.reads[q], method) for q in questions}
+            if method == "feedback" and not any("feedback" in answer.extras for answer in answers.values()):
+                method = self.calibrators["feedback"].base.method  # nothing learned was used: the base's answers
             extras: dict[str, Any] = {"calibration": method}
             if request.order_reads > 1:
                 extras["order_reads"] = request.order_reads
             usage = Usage(reading.input_tokens, cached_tokens=reading.cached_tokens)
-            responses.append(Response(self.name, answers, usage, extras))
+            kept = reading if request.keep_reading else None
+            responses.append(Response(self.name, answers, usage, extras, reading=kept))
         return responses
+
+    def record_feedback(self, posted: FeedbackRequest, response: Response) -> dict[str, Any]:
+        """A feedback post's labels stored and learned (`Feedback.post`), given the response its request got
+        (prepared with `keep_reading`); returns the post's response body: that response (the answers as they were
+        before), and per labeled question the calibration now in force for it (`x_feedback`).
+
+        Raises:
+            InvalidRequest: no feedback database is open.
+            StoreError: the database cannot be written.
+        """
+        if self.feedback is None:
+            raise feedback_needed()
+        questions = posted.request.questions
+        stored, in_force = self.feedback.post(questions, response.reading.reads, posted.gold, posted.feedback_id)
+        return {**response.to_wire(), "x_feedback": in_force, "x_feedback_stored": stored}
+
+    def feedback_report(self) -> dict[str, Any]:
+        """The feedback database's report (`Feedback.report`). Raises `InvalidRequest` where none is open."""
+        if self.feedback is None:
+            raise feedback_needed()
+        return self.feedback.report()
+
+    def respond_feedback(self, body: Any) -> dict[str, Any]:
+        """A whole `/v1/systemone/feedback` body → its response body (see `record_feedback`)."""
+        posted = parse_feedback(body)
+        if self.feedback is None:
+            raise feedback_needed()
+        request = posted.request
+        prepared = self.prepare_request(
+            request.state, request.questions, request.calibration, request.order_reads, keep_reading=True
+        )
+        return self.record_feedback(posted, self.decide_prepared([prepared])[0])
+
+    def close(self) -> None:
+        """Stop learning from the feedback database and close it (the model stays usable, without feedback)."""
+        if self.feedback is not None:
+            self.feedback.close()
 
     def needs_prior(self, method: str) -> bool:
         """Whether `method` reads the content-free priors."""

@@ -33,6 +33,7 @@ import math
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -278,6 +279,9 @@ class Used:
 
     level: str
     labels: int
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"level": self.level, "labels": self.labels}
 
 
 class Learner:

@@ -39,6 +39,8 @@ from typing import Any
 
 import numpy as np
 
+from typedlm.decide.reliability import floor_eces
+
 KINDS = ("noul", "choice", "score")
 SUM_TOLERANCE = 1e-6
 NLL_FLOOR = 1e-12
@@ -151,12 +153,7 @@ def ece_floor(
     with probability its confidence, `draws` times. Returns the mean, the 90th percentile and the share of draws
     whose ECE is ≤ `at_most` (how often a model that is exactly right would pass that bar on this many answers)."""
     conf = np.array([max(p.probabilities) for p in predictions])  # [N]
-    rng = np.random.default_rng(seed)
-    which = np.minimum(np.floor(conf * bins).astype(np.int64), bins - 1)  # [N]
-    conf_sums = np.bincount(which, weights=conf, minlength=bins)  # [bins]
-    correct = rng.random((draws, conf.size)) < conf  # [draws, N]
-    right = np.stack([np.bincount(which, weights=row, minlength=bins) for row in correct])  # [draws, bins]
-    eces = np.abs(right - conf_sums).sum(axis=1) / conf.size  # Σ_b n_b/N·|acc_b − conf_b| = Σ_b |right_b − Σc_b|/N
+    eces = floor_eces(conf, bins, draws, seed)
     return {
         "mean": float(eces.mean()),
         "p90": float(np.quantile(eces, 0.9)),

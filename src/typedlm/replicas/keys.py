@@ -14,11 +14,12 @@ from typedlm.server.chat import parse_chat
 from typedlm.server.errors import APIError
 
 SYSTEMONE = "/v1/systemone"
+FEEDBACK = "/v1/systemone/feedback"  # a post is a request too: to the replica that has its document
 CHAT = "/v1/chat/completions"
 
 
 def _state(path: str, body: Any) -> Any:
-    if path == SYSTEMONE:
+    if path in (SYSTEMONE, FEEDBACK):
         return body.get("state") if isinstance(body, dict) else None
     _model, state, _questions = parse_chat(body)
     return state
@@ -27,7 +28,7 @@ def _state(path: str, body: Any) -> Any:
 def document_key(path: str, content_encoding: str, body: bytes, limit: int) -> str | None:
     """A key equal for requests on the same document (their `state`, or a chat's document), None where there is
     no document to read (another route, a body that is not JSON, a compressed body over `limit`)."""
-    if path not in (SYSTEMONE, CHAT):
+    if path not in (SYSTEMONE, FEEDBACK, CHAT):
         return None
     try:
         state = _state(path, json.loads(decode(body, content_encoding, limit)))

@@ -3,7 +3,8 @@
     app = create_app(decider, ServerSettings(api_keys=("secret",)))   # the decider in this process
     app = create_app(ModelProcess(load, settings), settings)           # the model in a process of its own
 
-Routes: POST /v1/systemone, GET /v1/models, POST /v1/chat/completions, GET /health, GET /metrics (Prometheus),
+Routes: POST /v1/systemone, POST and GET /v1/systemone/feedback (gold answers in; the report out), GET /v1/models,
+POST /v1/chat/completions, GET /health, GET /metrics (Prometheus),
 the playground at / and /playground, docs at /docs (Swagger UI 5, which reads OpenAPI 3.1, from local files).
 Every request is observed once (`metrics`): its route, status, time, tokens and questions, for the metrics and the
 request log.
@@ -33,6 +34,7 @@ from typedlm.core.questions import (
     MIN_LEVELS,
     MIN_OPTIONS,
     Question,
+    parse_feedback,
     parse_request,
 )
 from typedlm.server import chat, schemas
@@ -181,6 +183,59 @@ def create_app(model: DeciderLike | ServedModel, settings: ServerSettings | None
         note(request, response, parsed.questions)
         return JSONResponse(response.to_wire())
 
+    def check_feedback() -> None:
+        if served.describe().get("feedback_db", "none") == "none":
+            raise APIError(
+                404, "feedback_off", "this server keeps no feedback: start it with --feedback-db PATH to learn from it"
+            )
+
+    feedback_body = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/FeedbackRequest"}}}}
+
+    @app.post(
+        "/v1/systemone/feedback",
+        dependencies=[Depends(authorized)],
+        summary="Post gold answers: the request answered, its labels stored and learned",
+        response_model=schemas.FeedbackResponse,
+        responses=_responses(
+            {
+                400: "a corrupt compressed body",
+                401: "auth on and the key missing or wrong",
+                404: "an unknown model, or no feedback kept (--feedback-db none)",
+                413: "a body or prompt over the limits",
+                415: "an unsupported Content-Encoding",
+                422: "invalid JSON, an invalid request, or a gold answer that is not one of its question's",
+                503: "the queue is full (Retry-After), or the feedback database cannot be written",
+                504: "the answer took longer than the timeout",
+            }
+        ),
+        openapi_extra={"requestBody": {**feedback_body, "required": True}},
+    )
+    async def post_feedback(request: Request) -> JSONResponse:
+        body = parse_json(await read_body(request, settings.max_body_bytes))
+        posted = parse_feedback(body)
+        check_model(posted.request.model)
+        check_feedback()
+        result = await served.feedback(posted)
+        record = request.state.record
+        record.input_tokens = result["usage"]["input_tokens"]
+        record.cached_tokens = result["usage"]["x_cached_tokens"]
+        for question in posted.request.questions.values():
+            record.questions[question.kind] = record.questions.get(question.kind, 0) + 1
+        return JSONResponse(result)
+
+    @app.get(
+        "/v1/systemone/feedback",
+        dependencies=[Depends(authorized)],
+        summary="Per question family: its labels, and how honest the answers are on them",
+        response_model=schemas.FeedbackReport,
+        responses=_responses(
+            {401: "auth on and the key missing or wrong", 404: "no feedback kept (--feedback-db none)"}
+        ),
+    )
+    async def feedback_report() -> JSONResponse:
+        check_feedback()
+        return JSONResponse(await served.feedback_report())
+
     @app.get(
         "/v1/models",
         dependencies=[Depends(authorized)],
@@ -274,6 +329,9 @@ def create_app(model: DeciderLike | ServedModel, settings: ServerSettings | None
             chat_schema = schemas.ChatRequest.model_json_schema(ref_template="#/components/schemas/{model}")
             components.update(chat_schema.pop("$defs", {}))
             components["ChatRequest"] = chat_schema
+            feedback_schema = schemas.FeedbackRequest.model_json_schema(ref_template="#/components/schemas/{model}")
+            components.update(feedback_schema.pop("$defs", {}))
+            components["FeedbackRequest"] = feedback_schema
             app.openapi_schema = spec
         return app.openapi_schema
 

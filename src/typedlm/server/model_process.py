@@ -13,9 +13,11 @@ as they are in one process.
 
 Messages, pickled over one pipe:
 
-    to the model     ("ask", id, state, questions, calibration, order_reads), ("close",)
+    to the model     ("ask", id, state, questions, calibration, order_reads), ("feedback", id, feedback request),
+                     ("report", id), ("close",)
     from the model   once after loading: ("ready", name, description, max_batch, stats) or ("failed", error);
-                     ("answer", id, response) or ("error", id, error, stats) per request; ("timing", wait_s, run_s) per
+                     ("answer", id, response or feedback body or report) or ("error", id, error, stats) per
+                     request; ("timing", wait_s, run_s) per
                      request and ("batch", requests, tokens, stats) per forward, for the metrics; ("closed",) last
 
 `load` (no arguments → a decider) is pickled into the new process: a module-level function or a `functools.partial`
@@ -45,7 +47,7 @@ from typing import Any
 from typedlm.core.answers import Response
 from typedlm.core.bounded import resident_bytes
 from typedlm.core.errors import ModelError
-from typedlm.core.questions import Question, Text
+from typedlm.core.questions import FeedbackRequest, Question, Text
 from typedlm.server.heap import freeze_start_up_objects, return_freed_memory
 from typedlm.server.serving import DeciderLike, InProcessModel, Stats
 from typedlm.server.settings import ServerSettings
@@ -119,6 +121,16 @@ class ModelProcess:
     async def answer(
         self, state: Text, questions: Mapping[str, Question], calibration: str | None, order_reads: int | None
     ) -> Response:
+        return await self._ask("ask", state, questions, calibration, order_reads)
+
+    async def feedback(self, posted: FeedbackRequest) -> dict[str, Any]:
+        return await self._ask("feedback", posted)
+
+    async def feedback_report(self) -> dict[str, Any]:
+        return await self._ask("report")
+
+    async def _ask(self, kind: str, *arguments: Any) -> Any:
+        """Send one request (`kind` and its arguments) and wait for its reply, as admitted and timed here."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         future.add_done_callback(_retrieved)
@@ -134,7 +146,7 @@ class ModelProcess:
             self.pending += 1
         # the model process gone: its reader thread answers every request waiting
         with self._sending, contextlib.suppress(OSError, ValueError):
-            self._conn.send(("ask", request_id, state, questions, calibration, order_reads))
+            self._conn.send((kind, request_id, *arguments))
         try:
             return await asyncio.wait_for(asyncio.shield(future), self.timeout_s)
         except TimeoutError as exc:
@@ -255,17 +267,19 @@ def run_model_process(load: Callable[[], DeciderLike], settings: ServerSettings,
 
     model.on_timing = lambda wait_s, run_s: send(("timing", wait_s, run_s))
     model.on_batch = lambda requests, tokens: send(("batch", requests, tokens, model.stats()))
+    starts = {"ask": model.start, "feedback": model.start_feedback, "report": model.start_report}
     send(("ready", model.name, model.describe(), model.max_batch, model.stats()))
     while True:
         try:
             message = conn.recv()
         except (EOFError, OSError):
             break
-        if message[0] != "ask":
+        kind, *request = message
+        if kind not in starts:
             break
-        _, request_id, *request = message
+        request_id, *arguments = request
         try:
-            started = model.start(*request)
+            started = starts[kind](*arguments)
         except BaseException as exc:  # the worker refused it (closing): the request's error
             send(("error", request_id, portable(exc), model.stats()))
             continue

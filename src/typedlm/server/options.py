@@ -32,6 +32,7 @@ class ServeOptions(BaseModel):
     calibration: str | None = None  # None: the decider's default ("fitted" with a calibration file)
     calibration_file: str | None = None
     order_reads: int | None = None
+    feedback_db: str = "default"  # a path, "default" (the model's file in the cache folder) or "none"
 
     def settings(self, aliases: tuple[str, ...] = DEFAULT_ALIASES) -> ServerSettings:
         return ServerSettings(
@@ -59,4 +60,5 @@ class ServeOptions(BaseModel):
             "calibration": self.calibration,
             "calibration_file": self.calibration_file,
             "order_reads": self.order_reads,
+            "feedback_db": self.feedback_db,
         }

@@ -58,7 +58,7 @@ class SystemOneRequest(BaseModel):
     questions: dict[Annotated[str, Field(min_length=1)], NoulQuestion | ChoiceQuestion | ScoreQuestion] = Field(
         ..., description="Named questions, at least one.", min_length=1
     )
-    x_calibration: Literal["raw", "contextual", "fitted"] | None = Field(
+    x_calibration: Literal["raw", "contextual", "fitted", "feedback"] | None = Field(
         None, description="Calibration method for this request (default: the server's)."
     )
     x_order_reads: int | None = Field(
@@ -99,6 +99,67 @@ class SystemOneResponse(BaseModel):
     model: str
     answers: dict[str, NoulAnswer | ChoiceAnswer | ScoreAnswer]
     usage: Usage
+
+
+class FeedbackRequest(SystemOneRequest):
+    gold: dict[str, bool | str | int] = Field(
+        ...,
+        description="The right answer of each labeled question, by its id: noul true/false, choice an option's "
+        "name, score a level index. Questions without one are answered, not stored.",
+        examples=[{"billing": True}],
+        min_length=1,
+    )
+    x_feedback_id: str | None = Field(
+        None, min_length=1, max_length=200, description="The post's idempotency id: a retried post counts once."
+    )
+
+
+class FeedbackLevel(BaseModel):
+    level: Literal["exact", "family", "kind", "default"] = Field(
+        ...,
+        description="The most specific level of the question with labels: the question itself, its family "
+        "(type and instructions), its kind (type), or none (the default calibration).",
+    )
+    labels: int
+
+
+class FeedbackResponse(SystemOneResponse):
+    x_feedback: dict[str, FeedbackLevel] = Field(
+        ..., description="Per labeled question, the calibration in force for it now that its label is learned."
+    )
+    x_feedback_stored: int = Field(..., description="Labels stored by this post (0: its x_feedback_id was seen).")
+
+
+class FamilyScores(BaseModel):
+    accuracy: float
+    log_loss: float
+    ece: float = Field(..., description="Expected calibration error of the top answers (15 bins).")
+    ece_floor90: float = Field(
+        ...,
+        description="The 90th percentile of the ECE a perfectly calibrated model with these confidences would "
+        "measure on this many labels: an ECE under it is within sampling noise.",
+    )
+    reliability: list[dict[str, float]] = Field(..., description="Non-empty bins: lo, hi, count, confidence, accuracy.")
+
+
+class FeedbackFamily(BaseModel):
+    family: str = Field(..., description="The family's key: a hash of its type and instructions.")
+    kind: Literal["noul", "choice", "score"]
+    instructions: JSONText | None
+    labels: int
+    default: FamilyScores = Field(..., description="The default calibration's answers on the family's labels.")
+    feedback: FamilyScores | None = Field(
+        ..., description="Calibration learned from its labels, cross-validated (5 folds); null under 10 labels."
+    )
+
+
+class FeedbackReport(BaseModel):
+    object: Literal["feedback_report"]
+    model: str
+    database: str
+    labels: int
+    not_learned: int = Field(..., description="Stored labels that cannot be learned under this server's options.")
+    families: list[FeedbackFamily]
 
 
 class ModelInfo(BaseModel):

@@ -5,17 +5,19 @@
 
 Either way the app sees the same surface: the model's name and description, the requests it may batch, the
 requests pending, its counters, `answer` (a request's state and questions → its `Response`, or the error it
-raised) and `close`. The app sets `on_timing` and `on_batch` to its metrics.
+raised), `feedback` (a feedback post → its body: the request answered as any other, then its labels stored and
+learned off the model thread), `feedback_report` and `close`. The app sets `on_timing` and `on_batch` to its metrics.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future
-from typing import Protocol, runtime_checkable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Protocol, runtime_checkable
 
 from typedlm.core.answers import Response
-from typedlm.core.questions import Question, Text
+from typedlm.core.questions import FeedbackRequest, Question, Text
 from typedlm.server.settings import ServerSettings
 from typedlm.server.worker import ModelWorker
 
@@ -59,6 +61,10 @@ class ServedModel(Protocol):
         self, state: Text, questions: Mapping[str, Question], calibration: str | None, order_reads: int | None
     ) -> Response: ...
 
+    async def feedback(self, posted: FeedbackRequest) -> dict[str, Any]: ...
+
+    async def feedback_report(self) -> dict[str, Any]: ...
+
     def close(self) -> None: ...
 
 
@@ -73,6 +79,8 @@ class InProcessModel:
         self.worker = ModelWorker(settings.max_queue, settings.retry_after_s, max_batch=max_batch)
         self.max_batch, self.max_pending = self.worker.max_batch, self.worker.max_pending
         self.failure = None  # a model in this process lives as long as the server
+        # feedback posts are stored and learned here, never on the model thread (answering never waits for a refit)
+        self.feedback_thread = ThreadPoolExecutor(1, "typedlm-feedback")
 
     @property
     def pending(self) -> int:
@@ -109,7 +117,12 @@ class InProcessModel:
         )
 
     def start(
-        self, state: Text, questions: Mapping[str, Question], calibration: str | None, order_reads: int | None
+        self,
+        state: Text,
+        questions: Mapping[str, Question],
+        calibration: str | None,
+        order_reads: int | None,
+        keep_reading: bool = False,
     ) -> Future:
         """The request queued from any thread, with no admission or timeout (the caller's): a future of its
         `Response`. Prepared on a host thread and batched where the decider can, else one call each."""
@@ -117,11 +130,50 @@ class InProcessModel:
         if prepare is None:  # a decider that cannot answer several requests in one forward
             return self.worker.call(self.decider.decide, state, questions, calibration, order_reads)
         return self.worker.put(
-            lambda: prepare(state, questions, calibration, order_reads),
+            lambda: prepare(state, questions, calibration, order_reads, keep_reading=keep_reading),
             self.decider.launch_prepared,
             lambda prepared: prepared.tokens,
         )
 
+    async def feedback(self, posted: FeedbackRequest) -> dict[str, Any]:
+        return await self.worker.wait_for(lambda: self.start_feedback(posted), self.timeout_s)
+
+    async def feedback_report(self) -> dict[str, Any]:
+        return await asyncio.wrap_future(self.start_report())
+
+    def start_feedback(self, posted: FeedbackRequest) -> Future:
+        """A feedback post queued from any thread: its request answered like any other (same queue, same batches,
+        its reads kept), then its labels stored and learned on the feedback thread. A future of its body."""
+        request = posted.request
+        answered = self.start(request.state, request.questions, request.calibration, request.order_reads, True)
+        done: Future = Future()
+
+        def record(answer: Future) -> None:
+            if answer.exception() is not None:
+                done.set_exception(answer.exception())
+                return
+            recorded = self.feedback_thread.submit(self.decider.record_feedback, posted, answer.result())
+            recorded.add_done_callback(lambda f: _chain(f, done))
+
+        answered.add_done_callback(record)
+        return done
+
+    def start_report(self) -> Future:
+        """The feedback report, built on the feedback thread: a future of its body."""
+        return self.feedback_thread.submit(self.decider.feedback_report)
+
     def close(self) -> None:
-        """Finish the forwards in flight."""
+        """Finish the forwards in flight and the feedback posts, then close the feedback database."""
         self.worker.close()
+        self.feedback_thread.shutdown(wait=True)
+        close = getattr(self.decider, "close", None)
+        if close is not None:
+            close()
+
+
+def _chain(source: Future, target: Future) -> None:
+    """Settle `target` as `source` was settled."""
+    if source.exception() is not None:
+        target.set_exception(source.exception())
+    else:
+        target.set_result(source.result())

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from typedlm.core.errors import InvalidRequest, LimitExceeded, TypedLMError
+from typedlm.core.errors import InvalidRequest, LimitExceeded, StoreError, TypedLMError
 
 
 class APIError(Exception):
@@ -60,6 +60,8 @@ def error_status(exc: BaseException) -> tuple[int, dict[str, Any]]:
         return 413, error_body("request_too_large", str(exc))
     if isinstance(exc, InvalidRequest):
         return 422, validation_body(exc.loc, exc.message, exc.kind)
+    if isinstance(exc, StoreError):  # the feedback database: locked, full or gone; the request was not at fault
+        return 503, error_body("feedback_unavailable", str(exc))
     if isinstance(exc, TypedLMError):
         return 500, error_body("model_error", str(exc))
     return 500, error_body("internal_error", "the server failed to answer; this is a bug")

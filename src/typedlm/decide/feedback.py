@@ -1,0 +1,275 @@
+"""Calibration learned from users' gold answers: the feedback calibrator, and the service between it and the store.
+
+    feedback = Feedback(store, calibrator, model=..., fingerprint=..., reading=...)   # the decider builds it
+    levels = feedback.post(questions, reading, gold, feedback_id)   # labels stored, then every new label learned
+    feedback.report()                                               # per question family: is it honest?
+
+`FeedbackCalibrator` (method "feedback") is the decider's default calibrator, `base`, with what the learner
+(`typedlm.decide.learning`) has fitted for the question on top. An answer whose question has no labels at any level
+is the base's answer, unchanged; one that used labels says so: `"x_feedback": {"level": "family", "labels": 37}`.
+
+`Feedback` keeps the learner in step with the store (`typedlm.store.feedback`): every label is written to the store
+first and learned from the store (`sync`, the labels after the last id seen), so labels posted to another process on
+the same file (a replica) are learned the same way, within `POLL_S` by a poll thread. A label keeps what the model
+read (masses, priors, label lengths), never re-read: a refit needs no model. Labels are learned only where they
+mean the same thing: the same weights (fingerprint), prompt wording and way of reading choices.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from typedlm.core.answers import Answer
+from typedlm.core.errors import InvalidRequest, StoreError
+from typedlm.core.questions import Question, parse_question, question_to_wire
+from typedlm.decide.calibrators import Calibrator
+from typedlm.decide.learning import LEVELS, Learner, Sample, question_keys
+from typedlm.decide.reads import Reads
+from typedlm.decide.reliability import ece, floor_eces, reliability
+from typedlm.store.feedback import FeedbackStore, Label
+
+logger = logging.getLogger(__name__)
+
+POLL_S = 1.0  # how often a process looks for labels other processes stored
+REPORT_FOLDS = 5  # the report's cross-validation
+REPORT_MIN_LABELS = 10  # a family's calibration is measured from this many labels on
+FLOOR = 1e-12
+
+
+def probabilities(question: Question, answer: Answer) -> list[float]:
+    """An answer's probabilities in its question's answer order."""
+    return list(question.wire_probabilities(answer.to_wire()))
+
+
+def disagreement(answer: Answer) -> float:
+    """The share of order reads that disagreed with the top answer (0 with one read)."""
+    return 1.0 - answer.extras.get("agreement", 1.0)
+
+
+class FeedbackCalibrator:
+    """`base` with the learned calibration of each question on top (see the module)."""
+
+    method = "feedback"
+
+    def __init__(self, base: Calibrator, learner: Learner, prompt_version: str):
+        self.base = base
+        self.learner = learner
+        self.prompt_version = prompt_version
+
+    @property
+    def needs_prior(self) -> bool:
+        return self.base.needs_prior
+
+    def keys(self, question: Question) -> dict[str, str]:
+        return question_keys(question, self.prompt_version)
+
+    def sample(self, question: Question, reads: Reads, gold: int) -> Sample:
+        """A labeled answer as the learner sees it: the base's answer and the gold answer's index."""
+        answer = self.base.answer(question, reads)
+        return Sample(tuple(probabilities(question, answer)), answer.raw_mass, disagreement(answer), gold)
+
+    def answer(self, question: Question, reads: Reads) -> Answer:
+        base = self.base.answer(question, reads)
+        probs, used = self.learner.calibrate(
+            self.keys(question), probabilities(question, base), base.raw_mass, disagreement(base)
+        )
+        if used is None:
+            return base
+        return question.answer(probs, base.raw_mass, {**base.extras, "feedback": used.to_wire()})
+
+    def in_force(self, question: Question) -> dict[str, Any]:
+        """The most specific level with labels for `question`, and their count ("default", 0: none)."""
+        keys = self.keys(question)
+        for level in LEVELS:
+            if labels := self.learner.labels(level, keys[level]):
+                return {"level": level, "labels": labels}
+        return {"level": "default", "labels": 0}
+
+
+class Feedback:
+    """The feedback store and the learner, in step (see the module). Thread-safe; `start` polls for labels that
+    other processes store, `close` stops that and closes the store."""
+
+    def __init__(
+        self,
+        store: FeedbackStore,
+        calibrator: FeedbackCalibrator,
+        *,
+        model: str,
+        fingerprint: str,
+        reading: str,
+        poll_s: float = POLL_S,
+    ):
+        self.store = store
+        self.calibrator = calibrator
+        self.model, self.fingerprint, self.reading = model, fingerprint, reading
+        self.poll_s = poll_s
+        self.last_id = 0  # the last label learned
+        self.learned = 0
+        self.skipped = 0  # labels that cannot be learned here (no priors where the base needs them)
+        self.families: dict[str, list[tuple[dict[str, str], Sample]]] = {}  # the report's labels, per family
+        self.described: dict[str, dict[str, Any]] = {}  # per family: its kind and first question's instructions
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._report: tuple[int, dict[str, Any]] | None = None
+
+    # -- learning ----------------------------------------------------------------------------------------------
+
+    def sync(self) -> int:
+        """Learn every label stored since the last one learned; return how many."""
+        with self._lock:
+            labels = self.store.labels(
+                after=self.last_id,
+                fingerprint=self.fingerprint,
+                prompt_version=self.calibrator.prompt_version,
+                reading=self.reading,
+            )
+            if not labels:
+                return 0
+            labeled = []
+            for label in labels:
+                sample = self._sample(label)
+                if sample is None:
+                    self.skipped += 1
+                    continue
+                keys = {"exact": label.exact, "family": label.family, "kind": label.kind}
+                labeled.append((keys, sample))
+                self.families.setdefault(label.family, []).append((keys, sample))
+                self.described.setdefault(
+                    label.family, {"kind": label.kind, "instructions": label.question.get("instructions")}
+                )
+            self.calibrator.learner.add(labeled)
+            self.last_id = labels[-1].id
+            self.learned += len(labeled)
+            return len(labels)
+
+    def _sample(self, label: Label) -> Sample | None:
+        if self.calibrator.needs_prior and label.priors is None:
+            return None
+        question = parse_question(label.question, ("question",))
+        reads = Reads(label.kind, label.masses, label.priors, label.lengths)
+        return self.calibrator.sample(question, reads, label.gold)
+
+    def post(
+        self,
+        questions: Mapping[str, Question],
+        reads: Mapping[str, Reads],
+        gold: Mapping[str, int],
+        feedback_id: str | None = None,
+    ) -> tuple[int, dict[str, dict[str, Any]]]:
+        """Store the labeled questions' reads with their gold answers (one transaction), learn them, and return how
+        many were stored (0: `feedback_id` was posted before) and, per labeled question, the calibration now in
+        force for it (`FeedbackCalibrator.in_force`)."""
+        labels = [
+            Label(
+                question_id=qid,
+                model=self.model,
+                fingerprint=self.fingerprint,
+                prompt_version=self.calibrator.prompt_version,
+                reading=self.reading,
+                **self.calibrator.keys(questions[qid]),  # kind, exact, family
+                question=question_to_wire(questions[qid]),
+                masses=reads[qid].masses,
+                priors=reads[qid].priors,
+                lengths=reads[qid].lengths,
+                gold=index,
+            )
+            for qid, index in gold.items()
+        ]
+        stored = self.store.add(labels, feedback_id)
+        self.sync()
+        return len(stored or ()), {qid: self.calibrator.in_force(questions[qid]) for qid in gold}
+
+    # -- polling -----------------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Learn what is stored now, then poll every `poll_s` for labels other processes store."""
+        self.sync()
+        if self._thread is None and self.poll_s > 0:
+            self._thread = threading.Thread(target=self._poll, name="typedlm-feedback", daemon=True)
+            self._thread.start()
+
+    def _poll(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            try:
+                self.sync()
+            except StoreError as exc:  # a locked or vanished file: said, and tried again at the next poll
+                logger.warning("typedlm: reading the feedback database failed: %s", exc)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self.store.close()
+
+    # -- the report --------------------------------------------------------------------------------------------
+
+    def report(self) -> dict[str, Any]:
+        """Per question family (the most labeled first): its labels, and the default's and the learned
+        calibration's accuracy, log loss and ECE on them, cross-validated (`REPORT_FOLDS` folds: each label
+        scored by a fit on the others), each ECE beside its noise floor and with its reliability bins."""
+        self.sync()
+        with self._lock:
+            if self._report is not None and self._report[0] == self.last_id:
+                return self._report[1]
+            families = sorted(self.families.items(), key=lambda item: (-len(item[1]), item[0]))
+            rows = [
+                {"family": family, **self.described[family], "labels": len(samples), **_measured(samples)}
+                for family, samples in families
+            ]
+            report = {
+                "object": "feedback_report",
+                "model": self.model,
+                "database": str(self.store.path),
+                "labels": self.learned,
+                "not_learned": self.skipped,
+                "families": rows,
+            }
+            self._report = (self.last_id, report)
+            return report
+
+
+def _scores(samples: Sequence[Sample], probs: Sequence[Sequence[float]]) -> dict[str, Any]:
+    top = np.asarray([max(range(len(p)), key=p.__getitem__) for p in probs])
+    gold = np.asarray([s.gold for s in samples])
+    confidences = np.asarray([max(p) for p in probs])
+    correct = top == gold
+    return {
+        "accuracy": float(correct.mean()),
+        "log_loss": float(np.mean([-math.log(max(p[s.gold], FLOOR)) for p, s in zip(probs, samples)])),
+        "ece": ece(confidences, correct),
+        "ece_floor90": float(np.quantile(floor_eces(confidences), 0.9)),
+        "reliability": reliability(confidences, correct),
+    }
+
+
+def _measured(labeled: list[tuple[dict[str, str], Sample]]) -> dict[str, Any]:
+    """A family's labels scored under the default and, cross-validated, under calibration learned from the rest of
+    them (each fold's learner knows this family's labels only)."""
+    samples = [sample for _, sample in labeled]
+    default = _scores(samples, [s.probs for s in samples])
+    if len(samples) < REPORT_MIN_LABELS:
+        return {"default": default, "feedback": None}
+    learned: list[Sequence[float]] = [()] * len(samples)
+    for fold in range(REPORT_FOLDS):
+        learner = Learner()
+        learner.add(item for i, item in enumerate(labeled) if i % REPORT_FOLDS != fold)
+        for i in range(fold, len(samples), REPORT_FOLDS):
+            keys, s = labeled[i]
+            learned[i] = learner.calibrate(keys, s.probs, s.mass, s.disagreement)[0]
+    return {"default": default, "feedback": _scores(samples, learned)}
+
+
+def feedback_needed() -> InvalidRequest:
+    """The refusal of feedback calibration where no feedback database is open."""
+    return InvalidRequest(
+        "feedback calibration needs a feedback database (typedlm serve --feedback-db PATH; none is open)",
+        ("x_calibration",),
+    )
