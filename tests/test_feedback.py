@@ -4,6 +4,7 @@ model, through the decider, a real HTTP server, and two deciders sharing one dat
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import time
 
 import httpx
@@ -239,3 +240,25 @@ def decider_question(wire: dict):
     from typedlm.core.questions import parse_question
 
     return parse_question(wire, ("q",))
+
+
+def test_a_batch_job_posts_its_gold_column_and_answers_later_rows_with_it(loaded, tmp_path):
+    from typedlm.jobs.batch import run_batch
+
+    rows = [body(d, gold={"billing": d in (DOCUMENTS[0], DOCUMENTS[2])}) for d in DOCUMENTS]
+    rows.append(body("Where is my invoice for March?"))
+    source = tmp_path / "rows.jsonl"
+    source.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    decider = decider_on(loaded, tmp_path / "f.sqlite")
+    summary = run_batch(decider, source, tmp_path / "out.jsonl")
+    assert summary.answered == 5 and summary.errors == 0
+    records = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [r["response"].get("x_feedback_stored") for r in records] == [1, 1, 1, 1, None]
+    assert records[-1]["response"]["answers"]["billing"]["x_feedback"]["labels"] == 4
+    assert decider.feedback.store.count() == 4
+    decider.close()
+    # without a database, a row with gold answers is an error record naming it
+    summary = run_batch(Decider(loaded), source, tmp_path / "plain.jsonl")
+    records = [json.loads(line) for line in (tmp_path / "plain.jsonl").read_text().splitlines()]
+    assert summary.errors == 4 and records[0]["error"]["status"] == 422
+    assert records[0]["error"]["detail"][0]["loc"] == ["body", "gold"]

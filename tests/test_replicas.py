@@ -194,7 +194,8 @@ def _serving(log: Path, *options: str):
 def replicas_url(tmp_path_factory):
     pytest.importorskip("ray.serve")
     log = tmp_path_factory.mktemp("replicas") / "serve.log"
-    with _serving(log, "--replicas", "2", "--cpus-per-replica", "1") as url:
+    feedback = tmp_path_factory.mktemp("replicas") / "feedback.sqlite"  # the replicas share it
+    with _serving(log, "--replicas", "2", "--cpus-per-replica", "1", "--feedback-db", str(feedback)) as url:
         yield url
 
 
@@ -307,3 +308,27 @@ def test_more_requests_than_the_replicas_take_get_503_with_retry_after(tmp_path)
         for busy in (r for r in responses if r.status_code == 503):
             assert busy.headers["retry-after"] == "1"
             assert "busy" in json.dumps(busy.json()[shape])
+
+
+def test_feedback_posted_to_one_replica_is_used_by_both(replicas_url):
+    """Gold answers posted through the ingress land on one replica (its document's); the other learns them from the
+    shared database within its poll (1 s). Questions of a family no other test asks, so their answers are unmoved."""
+    question = {"type": "noul", "instructions": "Does the sender mention a delivery?"}
+    posts = [("My parcel never came.", True), ("The invoice total is wrong.", False), ("Delivery was late.", True)]
+    for document, gold in posts:
+        body = {"state": document, "questions": {"delivery": question}, "gold": {"delivery": gold}}
+        reply = httpx.post(f"{replicas_url}/v1/systemone/feedback", json=body, timeout=120)
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["x_feedback_stored"] == 1
+    deadline = time.monotonic() + 30
+    while True:
+        health = httpx.get(f"{replicas_url}/health", timeout=30).json()
+        learned = [replica["feedback"]["labels"] for replica in health["replicas"]]
+        if learned == [3, 3] or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert learned == [3, 3], health
+    for document in ("Is my package on its way?", "Nothing arrived today.", "Thanks for the quick shipping!"):
+        body = {"state": document, "questions": {"delivery": question}}
+        answer = httpx.post(f"{replicas_url}/v1/systemone", json=body, timeout=120).json()["answers"]["delivery"]
+        assert answer["x_feedback"] == {"level": "exact", "labels": 3}

@@ -249,6 +249,13 @@ def build_parser() -> argparse.ArgumentParser:
         "number in INPUT (1-based, blank lines counted; Parquet: its row number, 1-based); a re-run resumes it",
     )
     batch.add_argument("--questions", default=None, help="a JSON file of questions asked of every row's state")
+    batch.add_argument(
+        "--feedback-db",
+        default=None,
+        metavar="PATH",
+        help="a feedback database (as serve --feedback-db): the rows are answered with what its labels taught, and "
+        "a row's gold answers (a 'gold' field, as POST /v1/systemone/feedback takes) are stored and learned",
+    )
     batch.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     batch.add_argument("--ray", action="store_true", help="run on Ray Data: a pool of actors, one decider each")
     batch.add_argument("--ray-address", default=None, help="an existing Ray cluster (default: a local one)")
@@ -499,7 +506,14 @@ def _interrupt(_signum: int, _frame: object) -> None:
 
 def _calibration_kwargs(args: argparse.Namespace) -> dict:
     # calibration None: the decider's default ("fitted" with a calibration file)
-    return {"calibration": args.calibration, "calibration_file": args.calibration_file, "order_reads": args.order_reads}
+    options = {
+        "calibration": args.calibration,
+        "calibration_file": args.calibration_file,
+        "order_reads": args.order_reads,
+    }
+    if getattr(args, "feedback_db", None) is not None:  # batch's; serve passes its own through ServeOptions
+        options["feedback_db"] = _feedback_path(args.feedback_db)
+    return options
 
 
 def _progress(description: str):

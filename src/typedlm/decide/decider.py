@@ -575,12 +575,14 @@ class Decider:
     def stats(self) -> dict[str, Any]:
         """Counters for monitoring: the prefix cache's hits, misses, entries and bytes; every other cache kept
         across requests (`caches`: name -> its entries, bytes, budget, hits, misses, evictions); this process's
-        resident memory; on a GPU the CUDA graphs' captures and how many are held."""
+        resident memory; on a GPU the CUDA graphs' captures and how many are held; with a feedback database, the labels
+        learned from it."""
         return {
             "prefix_cache": self.prefix_cache.stats(),
             "caches": {cache.name: cache.stats() for cache in self.caches()},
             "process": process_memory(),
             **self.engine.stats(),
+            **({"feedback": self.feedback.stats()} if self.feedback is not None else {}),
         }
 
     def caches(self) -> list[BoundedCache]:

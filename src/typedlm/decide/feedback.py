@@ -187,6 +187,10 @@ class Feedback:
         self.sync()
         return len(stored or ()), {qid: self.calibrator.in_force(questions[qid]) for qid in gold}
 
+    def stats(self) -> dict[str, float]:
+        """Labels learned from the store, and those that cannot be (see `sync`)."""
+        return {"labels": self.learned, "not_learned": self.skipped}
+
     # -- polling -----------------------------------------------------------------------------------------------
 
     def start(self) -> None:

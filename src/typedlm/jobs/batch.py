@@ -12,6 +12,11 @@ own "id" field, else its line number in the input (1-based, blank lines counted:
 Resumable: the output is appended to; a run first counts the complete records already there (a last line cut off
 by a crash is dropped) and skips as many rows, so a re-run after a crash writes every row exactly once.
 
+Feedback: with a feedback database (`Decider(feedback_db=...)`, `typedlm batch --feedback-db PATH`) the rows are
+answered with what its labels taught; a row with a `gold` object (as `POST /v1/systemone/feedback` takes) is answered
+as that route answers, and its labels are stored and learned once its group of rows is answered, so the groups after
+it use them. Without a database such a row is an error record (422 naming `gold`).
+
 Rows are prepared one by one (`Decider.prepare_request`: their errors are their own) and answered in groups of up
 to `Decider.max_batch` by one forward each (`decide_prepared`), as the server batches.
 """
@@ -25,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from typedlm.core.errors import InvalidRequest
-from typedlm.core.questions import parse_request
+from typedlm.core.questions import FeedbackRequest, parse_feedback, parse_request
 from typedlm.server.status import APIError, error_status, model_not_found
 from typedlm.server.worker import MAX_BATCH_TOKENS  # tokens of the rows one forward answers, at most
 
@@ -108,7 +113,7 @@ def request_body(row: Any, questions: Mapping[str, Any] | None) -> Any:
         return row
     if not isinstance(row, Mapping) or "state" not in row:
         raise InvalidRequest("with --questions every row needs a state", ("state",))
-    return {**{k: v for k, v in row.items() if k.startswith("x_") or k == "model"}, "state": row["state"],
+    return {**{k: v for k, v in row.items() if k.startswith("x_") or k in ("model", "gold")}, "state": row["state"],
             "questions": questions}  # fmt: skip
 
 
@@ -131,17 +136,26 @@ def answer_rows(
     give (default: the decider's own)."""
     served = tuple(served) or (decider.name,)
     items: list[Any] = []
+    feedback: list[FeedbackRequest | None] = []  # per row: its gold answers, where it has some
     for _, row in rows:
         try:
             if isinstance(row, BaseException):
                 raise row
-            request = parse_request(request_body(row, questions))
+            body = request_body(row, questions)
+            posted = parse_feedback(body) if isinstance(body, Mapping) and "gold" in body else None
+            if posted is not None and getattr(decider, "feedback", None) is None:
+                raise InvalidRequest(
+                    "a row with gold answers needs a feedback database (--feedback-db PATH)", ("gold",)
+                )
+            request = posted.request if posted is not None else parse_request(body)
             if request.model is not None and request.model not in served:
                 raise model_not_found(request.model, served)
             items.append(decider.prepare_request(request.state, request.questions, request.calibration,
-                                                 request.order_reads))  # fmt: skip
+                                                 request.order_reads, keep_reading=posted is not None))  # fmt: skip
+            feedback.append(posted)
         except (InvalidRequest, APIError) as exc:
             items.append(exc)
+            feedback.append(None)
     prepared = [item for item in items if not isinstance(item, BaseException)]
     responses: list[Any] = []
     start = 0
@@ -156,11 +170,13 @@ def answer_rows(
         start = end
     answers = iter(responses)
     records = []
-    for (number, row), item in zip(rows, items, strict=True):
+    for (number, row), item, posted in zip(rows, items, feedback, strict=True):
         identifier = row_id(number, row)
         if isinstance(item, BaseException):
             status, body = error_status(item)
             records.append({"id": identifier, "error": {"status": status, "detail": body["detail"]}})
+        elif posted is not None:  # its labels stored and learned: the rows after it are answered with them
+            records.append({"id": identifier, "response": decider.record_feedback(posted, next(answers))})
         else:
             records.append({"id": identifier, "response": next(answers).to_wire()})
     return records
