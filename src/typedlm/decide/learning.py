@@ -284,13 +284,37 @@ class Used:
         return {"level": self.level, "labels": self.labels}
 
 
+class _Columns:
+    """The samples of one size n as growing arrays (capacity doubled as needed): probabilities [N, n], raw masses,
+    disagreements and gold indexes [N]."""
+
+    def __init__(self, n: int):
+        self.count = 0
+        self.probs = np.zeros((16, n))
+        self.mass, self.disagreement = np.zeros(16), np.zeros(16)
+        self.gold = np.zeros(16, dtype=np.int64)
+
+    def append(self, sample: Sample) -> int:
+        if self.count == len(self.mass):
+            grow = len(self.mass)
+            self.probs = np.concatenate([self.probs, np.zeros_like(self.probs)])
+            self.mass, self.disagreement = np.pad(self.mass, (0, grow)), np.pad(self.disagreement, (0, grow))
+            self.gold = np.pad(self.gold, (0, grow))
+        row, self.count = self.count, self.count + 1
+        self.probs[row], self.mass[row], self.disagreement[row] = sample.probs, sample.mass, sample.disagreement
+        self.gold[row] = sample.gold
+        return row
+
+
 class Learner:
     """Every level's labels and fits. `add` (one writer at a time: a lock) refits the levels a label touches and
     publishes a new snapshot; `calibrate` (any thread, no lock) reads the snapshot it finds."""
 
     def __init__(self, shrink: float = SHRINK):
         self.shrink = shrink
-        self.samples: list[Sample] = []
+        self.count = 0  # samples added
+        self.columns: dict[int, _Columns] = {}  # answers per sample -> the samples of that size
+        self.where: list[tuple[int, int]] = []  # sample index -> (its size, its row in `columns[size]`)
         self.levels: dict[tuple[str, str], Level] = {}  # (level, key) -> Level
         self.snapshot: dict[tuple[str, str], LevelFit] = {}
         self.keys_of: dict[int, dict[str, str]] = {}  # sample index -> its question's keys
@@ -302,10 +326,11 @@ class Learner:
         with self._lock:
             touched: dict[str, set[str]] = {level: set() for level in LEVELS}
             for keys, sample in labeled:
-                index = len(self.samples)
-                self.samples.append(sample)
+                index, size = self.count, len(sample.probs)
+                self.count += 1
+                self.where.append((size, self.columns.setdefault(size, _Columns(size)).append(sample)))
                 for level in LEVELS:
-                    biasable = sample_biasable(keys["kind"], level, len(sample.probs))
+                    biasable = sample_biasable(keys["kind"], level, size)
                     entry = self.levels.setdefault((level, keys[level]), Level(keys["kind"], biasable))
                     entry.samples.append(index)
                     if len(entry.samples) > MAX_LEVEL_LABELS:
@@ -322,21 +347,20 @@ class Learner:
     def _inputs(self, snapshot: dict[tuple[str, str], LevelFit], level: str, entry: Level) -> list[_Rows]:
         """A level's samples as the levels above it give them (one `_Rows` per answer count). The samples of a
         family share its kind, those of an exact question its family: their parents are the same levels."""
-        by_size: dict[int, list[Sample]] = {}
+        rows_of: dict[int, list[int]] = {}
         for index in entry.samples:
-            sample = self.samples[index]
-            by_size.setdefault(len(sample.probs), []).append(sample)
+            size, row = self.where[index]
+            rows_of.setdefault(size, []).append(row)
         keys = self.keys_of[entry.samples[-1]]
         groups = []
-        for samples in by_size.values():
-            probs = np.asarray([s.probs for s in samples], dtype=np.float64)
-            mass = np.asarray([s.mass for s in samples])
-            disagreement = np.asarray([s.disagreement for s in samples])
+        for size, rows in rows_of.items():
+            columns, at = self.columns[size], np.asarray(rows)
+            probs, mass, disagreement = columns.probs[at], columns.mass[at], columns.disagreement[at]
             for above in reversed(LEVELS[LEVELS.index(level) + 1 :]):
                 fitted = snapshot.get((above, keys[above]))
                 if fitted is not None:
                     probs = fitted.apply_rows(probs, mass, disagreement)
-            groups.append(_rows(probs, mass, disagreement, np.asarray([s.gold for s in samples], dtype=np.int64)))
+            groups.append(_rows(probs, mass, disagreement, columns.gold[at]))
         return groups
 
     def calibrate(

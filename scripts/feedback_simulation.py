@@ -1,0 +1,135 @@
+"""A user posting gold answers, simulated on recorded readouts, leave-one-set-out (`typedlm.offline.simulation`).
+
+    python scripts/feedback_simulation.py --model qwen2.5-coder-1.5b --readouts eval/readouts/qwen2.5-coder-1.5b \
+        --examples eval/examples --out docs/results/feedback-qwen2.5-coder-1.5b.json
+
+`--readouts` holds `record_readouts.py record`'s folders (`1-letters/`, `1-names/`: SET.SPLIT.jsonl[.gz]); choice
+questions are read as the model's shipped calibration file reads them (by name or by letter), and its variant per kind
+is the default each set is simulated on. `--examples` holds the exported samples (SET.SPLIT.jsonl), for the questions
+the learner keys its labels by. Prints the learning curve per set (ECE beside its floor at each K), the label-free
+references, and the verdict at K = 50; writes the JSON and, beside it, a PNG of the curves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from typedlm.core.questions import parse_question
+from typedlm.decide.calibration import shipped_calibration
+from typedlm.offline.readouts import load
+from typedlm.offline.simulation import KS, SEEDS, ShippedVariant, simulate, verdicts
+from typedlm.runtime.catalog import named_model
+
+
+def _load(folder: Path, name: str, split: str):
+    for suffix in (".jsonl.gz", ".jsonl"):
+        path = folder / f"{name}.{split}{suffix}"
+        if path.is_file():
+            return load(path)
+    return None
+
+
+def _questions(examples: Path, name: str) -> dict:
+    out = {}
+    for split in ("train", "held_out"):
+        with (examples / f"{name}.{split}.jsonl").open(encoding="utf-8") as f:
+            for line in f:
+                example = json.loads(line)
+                for qid, raw in example["questions"].items():
+                    out[(example["id"], qid)] = parse_question(raw, ("questions", qid))
+    return out
+
+
+def plot(report: dict, path: Path, title: str) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    names = list(report)
+    columns = 4
+    rows = (len(names) + columns - 1) // columns
+    fig = Figure(figsize=(3.4 * columns, 2.8 * rows), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(rows, columns, squeeze=False)
+    for ax, name in zip(axes.flat, names):
+        curve = report[name]["K"]
+        ks = sorted(curve, key=int)
+        ax.plot([int(k) for k in ks], [curve[k]["ece"] for k in ks], "o-", label="ECE, feedback")
+        ax.plot([int(k) for k in ks], [curve[k]["floor90"] for k in ks], "--", color="gray", label="floor (p90)")
+        ax.axhline(report[name]["raw"]["ece"], color="tab:red", lw=0.8, label="raw")
+        ax.set_xscale("symlog", linthresh=10)
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel("labels posted (K)", fontsize=8)
+        ax.set_ylim(0, max(0.3, max(curve[k]["ece"] for k in ks) * 1.1))
+        ax.tick_params(labelsize=7)
+    for ax in list(axes.flat)[len(names) :]:
+        ax.set_visible(False)
+    axes.flat[0].legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True, help="the named model whose shipped calibration is the default")
+    parser.add_argument("--readouts", required=True, type=Path)
+    parser.add_argument("--examples", required=True, type=Path)
+    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--seeds", type=int, default=SEEDS, help=f"orders of the stream averaged (default {SEEDS})")
+    parser.add_argument("--ks", type=int, nargs="+", default=list(KS))
+    args = parser.parse_args()
+    named = named_model(args.model)
+    shipped = shipped_calibration(named.name if named is not None else args.model)
+    if shipped is None:
+        raise SystemExit(f"no shipped calibration for {args.model}")
+    variants = {kind: ShippedVariant.parse(text) for kind, text in shipped.data["variants"].items()}
+    readouts = {}
+    for path in sorted((args.readouts / "1-letters").glob("*.train.jsonl*")):
+        name = path.name.split(".")[0]
+        splits = {}
+        for split in ("train", "held_out"):
+            letters = _load(args.readouts / "1-letters", name, split)
+            names = _load(args.readouts / "1-names", name, split) or []
+            if letters is None:
+                break
+            by_name = variants.get("choice", ShippedVariant("letters", "raw", ())).reading == "names"
+            splits[split] = [r for r in letters if not (by_name and r.kind == "choice")] + (
+                [r for r in names if r.kind == "choice"] if by_name else []
+            )
+        if len(splits) == 2:
+            readouts[name] = splits
+    questions = {name: _questions(args.examples, name) for name in readouts}
+    report = simulate(readouts, questions, variants, shipped.prompt_version, args.ks, args.seeds)
+    verdict = verdicts(report) if 50 in args.ks else {}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    result = {
+        "model": args.model,
+        "variants": shipped.data["variants"],
+        "seeds": args.seeds,
+        "sets": report,
+        "verdict_k50": verdict,
+    }
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    plot(report, args.out.with_suffix(".png"), f"{args.model}: feedback, leave-one-set-out (ECE vs labels posted)")
+    head = f"{'set':<20} {'n':>4} {'raw acc':>7} " + " ".join(f"{'K=' + str(k):>13}" for k in args.ks)
+    print(f"{args.model}: held-out ECE (floor90) at each K, mean of {args.seeds} stream orders\n{head}")
+    for name, entry in report.items():
+        cells = " ".join(f"{entry['K'][k]['ece']:.3f} ({entry['K'][k]['floor90']:.3f})" for k in args.ks)
+        print(f"{name:<20} {entry['raw']['n']:>4} {entry['raw']['accuracy']:>7.3f} {cells}")
+    print("\naccuracy at each K")
+    for name, entry in report.items():
+        print(f"{name:<20} " + " ".join(f"{entry['K'][k]['accuracy']:>13.3f}" for k in args.ks))
+    print("\nlabel-free, from the stream: ECE (floor90)")
+    for name, entry in report.items():
+        cells = "  ".join(f"{method} {v['ece']:.3f} ({v['floor90']:.3f})" for method, v in entry["stream"].items())
+        print(f"{name:<20} {cells}")
+    if verdict:
+        ece_ok = sum(v["ece"] for v in verdict.values())
+        accuracy_ok = sum(v["accuracy"] for v in verdict.values())
+        print(f"\nK = 50: ECE within floor90 + 0.02 on {ece_ok}/{len(verdict)} sets; accuracy within raw - 0.01 on "
+              f"{accuracy_ok}/{len(verdict)}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
