@@ -53,7 +53,7 @@ def export(args: argparse.Namespace) -> None:
             print(f"{path}: {len(examples)} examples")
 
 
-def _record_one(job: tuple[str, str, str, str, str, str, str]) -> str:
+def _record_one(job: tuple[str, str, str, str, str, str, str, int]) -> str:
     """One file's readouts in a process of its own (one thread: the processes share the cores)."""
     import torch
 
@@ -61,12 +61,12 @@ def _record_one(job: tuple[str, str, str, str, str, str, str]) -> str:
     from typedlm.offline.evaluate import load_examples
     from typedlm.offline.readouts import record, save
 
-    model, device, path, way, version, out, name = job
+    model, device, path, way, version, out, name, order_reads = job
     torch.set_num_threads(1)
     start = time.perf_counter()
     options = {"choice_answers": "names" if way == "names" else "letters"}  # not the shipped file's way
     decider = Decider.load(model, device=device, dtype="float32", calibration="raw", prompt_version=version, **options)
-    rows = record(decider, load_examples(path, "all"), name, ORDER_READS, kinds=("choice",) if way == "names" else None)
+    rows = record(decider, load_examples(path, "all"), name, order_reads, kinds=("choice",) if way == "names" else None)
     save(Path(out) / f"{version}-{way}" / Path(path).name, rows)
     return f"{Path(path).name} {version}-{way}: {len(rows)} readouts, {time.perf_counter() - start:.0f} s"
 
@@ -82,10 +82,13 @@ def record_all(args: argparse.Namespace) -> None:
             if version != args.prompt_versions[0] and split != "train":  # other wordings are compared on train
                 continue
             examples = [json.loads(line) for line in path.open(encoding="utf-8")]
-            has_choice = any(q.get("type") == "choice" for e in examples for q in e["questions"].values())
-            for way in ("letters", "names") if has_choice else ("letters",):
+            kinds = {q.get("type") for e in examples for q in e["questions"].values()}
+            ways = [way for way in args.ways if way == "letters" or "choice" in kinds]
+            if not args.letters_for_choice and "names" in ways and kinds == {"choice"}:
+                ways.remove("letters")  # only choice questions, read by name: their letters are not wanted
+            for way in ways:
                 if not (Path(args.out) / f"{version}-{way}" / path.name).is_file():
-                    jobs.append((args.model, args.device, str(path), way, version, args.out, name))
+                    jobs.append((args.model, args.device, str(path), way, version, args.out, name, args.order_reads))
     jobs.sort(key=lambda job: -Path(job[2]).stat().st_size)  # the longest first, so the pool ends together
     context = multiprocessing.get_context("spawn")  # CUDA cannot be used in a forked process
     with ProcessPoolExecutor(args.workers, mp_context=context) as pool:
@@ -114,6 +117,18 @@ def main() -> None:
     recording.add_argument("--device", default="cuda")
     recording.add_argument("--workers", type=int, default=8)
     recording.add_argument("--prompt-versions", nargs="+", default=["1"], help="the first: every split; others: train")
+    recording.add_argument(
+        "--order-reads", type=int, default=ORDER_READS, help=f"option orders read (default {ORDER_READS})"
+    )
+    recording.add_argument(
+        "--ways", nargs="+", choices=("letters", "names"), default=["letters", "names"], help="how choices are read"
+    )
+    recording.add_argument(
+        "--no-letters-for-choice",
+        dest="letters_for_choice",
+        action="store_false",
+        help="with --ways letters names: a file of choice questions only is read by name only",
+    )
     args = parser.parse_args()
     if args.command == "export":
         args.train_limit = args.limit if args.train_limit is None else args.train_limit
