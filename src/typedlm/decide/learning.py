@@ -11,8 +11,9 @@ Each level holds a small calibrator fitted on its own labels, on what the level 
 default, family on kind, exact on family), so an answer goes default → kind → family → exact, and a level without
 labels passes its input on unchanged. A level's parameters θ are fitted by maximum a posteriori with a Gaussian
 prior centred on "change nothing" (θ = 0): minimise Σ −log p(gold) + λ/2·|θ|², λ = `SHRINK`, so a level is shrunk
-towards its parent: 3 labels move it a little, 100 a lot. Two variants (`VARIANTS`), chosen per level by
-`CV_FOLDS`-fold cross-validation on its labels whenever its count doubles from `MIN_CV_LABELS` on:
+towards its parent: 3 labels move it a little, 100 a lot. Two variants (`VARIANTS`), each with or without its bias,
+chosen per level by `CV_FOLDS`-fold cross-validation on its labels whenever its count doubles from `MIN_CV_LABELS` on
+(before that: a temperature alone, which never moves a top answer):
 
     scale      p ∝ q^(1/T)·e^(b): a temperature, and a bias per answer where the level's answers are the same
                answers (noul everywhere: a bias on yes; choice and score at the exact level, up to
@@ -44,7 +45,7 @@ LEVELS = ("exact", "family", "kind")  # the most specific first: an answer's rep
 SHRINK = 10.0  # λ: the prior's weight, in labels' worth of log loss curvature (see the module docstring)
 MAX_LEVEL_LABELS = 4096  # the latest labels a level is fitted on
 MAX_BIAS_ANSWERS = 16  # a per-answer bias only for questions with at most this many answers
-MIN_CV_LABELS = 10  # a level's variant is chosen by cross-validation from this many labels on, at each doubling
+MIN_CV_LABELS = 20  # a level's variant is chosen by cross-validation from this many labels on, at each doubling
 CV_FOLDS = 5
 VARIANTS = ("scale", "features")
 NEWTON_STEPS = 25
@@ -235,6 +236,7 @@ class Level:
     biasable: bool  # whether a bias per answer is possible here (noul, or the exact level of a small question)
     samples: list[int] = field(default_factory=list)  # indexes into the learner's samples, oldest first
     variant: str = "scale"
+    biased: bool = False  # whether the chosen variant has the bias (never before the first cross-validation)
     theta: np.ndarray | None = None
     chosen_at: int = 0  # the label count at the last cross-validation
 
@@ -243,31 +245,34 @@ class Level:
         variant again by cross-validation where the count has doubled since the last choice."""
         n = sum(len(rows.gold) for rows in groups)
         if n >= MIN_CV_LABELS and n >= 2 * self.chosen_at:
-            self.variant = choose_variant(self.kind, groups, self.biasable, shrink)
+            self.variant, self.biased = choose_variant(self.kind, groups, self.biasable, shrink)
             self.chosen_at, self.theta = n, None
-        self.theta = fit(self.kind, self.variant, groups, self.biasable, shrink, self.theta)
-        return LevelFit(self.kind, self.variant, tuple(self.theta.tolist()), n, self.biasable)
+        self.theta = fit(self.kind, self.variant, groups, self.biased, shrink, self.theta)
+        return LevelFit(self.kind, self.variant, tuple(self.theta.tolist()), n, self.biased)
 
 
 def _subset(rows: _Rows, keep: np.ndarray) -> _Rows:
     return _Rows(rows.log_p[keep], rows.phi[keep], rows.gold[keep])
 
 
-def choose_variant(kind: str, groups: Sequence[_Rows], biased: bool, shrink: float) -> str:
-    """The variant with the lower cross-validated log loss on these labels (folds by position: `CV_FOLDS`)."""
+def choose_variant(kind: str, groups: Sequence[_Rows], biasable: bool, shrink: float) -> tuple[str, bool]:
+    """The variant, with or without its bias where a bias is possible, with the lowest cross-validated log loss on
+    these labels (folds by position: `CV_FOLDS`). A bias moves top answers, so it must earn its place: labels that
+    say nothing about one answer being favoured leave it out, and accuracy with it."""
     losses = {}
     for variant in VARIANTS:
-        total = 0.0
-        for fold in range(CV_FOLDS):
-            folds = [np.arange(len(rows.gold)) % CV_FOLDS == fold for rows in groups]
-            train = [_subset(rows, ~f) for rows, f in zip(groups, folds) if (~f).any()]
-            test = [_subset(rows, f) for rows, f in zip(groups, folds) if f.any()]
-            if not train or not test:
-                continue
-            theta = fit(kind, variant, train, biased, shrink)
-            total += _loss(kind, variant, theta, biased, test, 0.0)
-        losses[variant] = total
-    return min(VARIANTS, key=lambda v: losses[v])
+        for biased in (False, True) if biasable else (False,):
+            total = 0.0
+            for fold in range(CV_FOLDS):
+                folds = [np.arange(len(rows.gold)) % CV_FOLDS == fold for rows in groups]
+                train = [_subset(rows, ~f) for rows, f in zip(groups, folds) if (~f).any()]
+                test = [_subset(rows, f) for rows, f in zip(groups, folds) if f.any()]
+                if not train or not test:
+                    continue
+                theta = fit(kind, variant, train, biased, shrink)
+                total += _loss(kind, variant, theta, biased, test, 0.0)
+            losses[(variant, biased)] = total
+    return min(losses, key=losses.__getitem__)
 
 
 # ---- the learner ----------------------------------------------------------------------------------------------
