@@ -84,19 +84,20 @@ def main() -> None:
     if shipped is None:
         raise SystemExit(f"no shipped calibration for {args.model}")
     variants = {kind: ShippedVariant.parse(text) for kind, text in shipped.data["variants"].items()}
+    by_name = variants.get("choice", ShippedVariant("letters", "raw", ())).reading == "names"
+    found = {
+        p.name.split(".")[0] for way in ("1-letters", "1-names") for p in (args.readouts / way).glob("*.train.jsonl*")
+    }
     readouts = {}
-    for path in sorted((args.readouts / "1-letters").glob("*.train.jsonl*")):
-        name = path.name.split(".")[0]
+    for name in sorted(found):
         splits = {}
         for split in ("train", "held_out"):
-            letters = _load(args.readouts / "1-letters", name, split)
+            letters = _load(args.readouts / "1-letters", name, split) or []
             names = _load(args.readouts / "1-names", name, split) or []
-            if letters is None:
-                break
-            by_name = variants.get("choice", ShippedVariant("letters", "raw", ())).reading == "names"
-            splits[split] = [r for r in letters if not (by_name and r.kind == "choice")] + (
-                [r for r in names if r.kind == "choice"] if by_name else []
-            )
+            rows = [r for r in letters if not (by_name and r.kind == "choice")]
+            rows += [r for r in names if r.kind == "choice"] if by_name else []
+            if rows:
+                splits[split] = rows
         if len(splits) == 2:
             readouts[name] = splits
     questions = {name: _questions(args.examples, name) for name in readouts}
