@@ -151,10 +151,11 @@ def test_labels_of_another_reading_are_not_learned(loaded, tmp_path):
     names.close()
 
 
-def test_feedback_calibration_without_a_database_is_refused(loaded):
+def test_without_a_database_feedback_calibration_is_the_default_and_a_post_is_refused(loaded):
     decider = Decider(loaded)
-    with pytest.raises(InvalidRequest, match="feedback database"):
-        decider.respond(body(DOCUMENTS[0], x_calibration="feedback"))
+    asked = decider.respond(body(DOCUMENTS[0], x_calibration="feedback"))  # no labels: the default's answers
+    assert asked["answers"] == decider.respond(body(DOCUMENTS[0]))["answers"]
+    assert asked["x_calibration"] == decider.calibration
     with pytest.raises(InvalidRequest, match="feedback database"):
         decider.respond_feedback(body(DOCUMENTS[0], gold={"billing": True}))
 

@@ -44,6 +44,9 @@ def test_generated_requests_get_no_server_error_and_conform_to_the_schema(app):
     operations = [result.ok() for result in schema.get_all_operations()]
     assert {op.path for op in operations} >= {"/v1/systemone", "/v1/models", "/v1/chat/completions", "/health"}
     for operation in operations:
+        # a feedback post's gold answers must name its own questions and their answers, which no JSON schema can
+        # say: there a 422 is right, and only the rest (no 5xx, the documented shapes) is checked
+        may_refuse = operation.path == "/v1/systemone/feedback" and operation.method.upper() == "POST"
 
         @given(operation.as_strategy())
         @settings(max_examples=SCHEMA_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
@@ -51,7 +54,7 @@ def test_generated_requests_get_no_server_error_and_conform_to_the_schema(app):
             # schema-valid data may still be over the size limits (413) or the queue (503): the stock "positive
             # data accepted" check counts those as rejections, so it is replaced by the one that matters here
             response = case.call_and_validate(excluded_checks=[positive_data_acceptance])
-            assert response.status_code != 422, f"schema-valid data refused: {response.text[:300]}"
+            assert may_refuse or response.status_code != 422, f"schema-valid data refused: {response.text[:300]}"  # noqa: B023 (called at once, in this iteration)
 
         call()
 

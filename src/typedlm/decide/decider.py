@@ -212,6 +212,7 @@ class Decider:
                 poll_s=feedback_poll_s,
             )
             default = "feedback"
+        self._default = default  # what "feedback" answers with where no feedback database is open
         self.calibration = self.calibrator(calibration or default, "--calibration").method
         # The content-free document's prefix, prefilled once and pinned (contextual calibration).
         free = self.layout.tokenize(CONTENT_FREE_STATE, [NoulQuestion()]).prefix_ids
@@ -282,8 +283,8 @@ class Decider:
         """
         if method not in CALIBRATION_METHODS:
             raise InvalidRequest(f"{where} must be one of {', '.join(CALIBRATION_METHODS)}", (where,))
-        if method == "feedback" and method not in self.calibrators:
-            raise feedback_needed()
+        if method == "feedback" and method not in self.calibrators:  # no database, no labels: the default's answers
+            return self.calibrators[getattr(self, "calibration", None) or self._default]
         if method not in self.calibrators:
             raise InvalidRequest(
                 "fitted calibration needs a calibration file for this model (typedlm calibrate, then "

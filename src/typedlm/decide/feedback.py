@@ -272,8 +272,5 @@ def _measured(labeled: list[tuple[dict[str, str], Sample]]) -> dict[str, Any]:
 
 
 def feedback_needed() -> InvalidRequest:
-    """The refusal of feedback calibration where no feedback database is open."""
-    return InvalidRequest(
-        "feedback calibration needs a feedback database (typedlm serve --feedback-db PATH; none is open)",
-        ("x_calibration",),
-    )
+    """The refusal of a feedback post (or report) where no feedback database is open."""
+    return InvalidRequest("gold answers need a feedback database (typedlm serve --feedback-db PATH; none is open)")
