@@ -158,7 +158,9 @@ def test_processes_posting_at_once_lose_nothing(tmp_path):
         try:
             outcomes += results.get(timeout=1)
         except queue.Empty:
-            assert results.qsize() or any(p.is_alive() for p in writers), "a writer died (its traceback is above)"
+            died = [p.exitcode for p in writers if p.exitcode not in (None, 0)]
+            assert not died, f"a writer died with {died} (its traceback is above); the others would wait forever"
+            assert results.qsize() or any(p.is_alive() for p in writers), "every writer ended before posting all"
     for process in writers:
         process.join(timeout=10)
         assert process.exitcode == 0

@@ -199,7 +199,15 @@ class FeedbackStore:
             ) from exc
         db.row_factory = sqlite3.Row
         try:
-            self._prepare(db)
+            deadline = time.monotonic() + self.timeout
+            while True:  # processes opening a new file at once: switching it to WAL may find it locked at once
+                try:
+                    self._prepare(db)
+                    break
+                except sqlite3.OperationalError as exc:
+                    if "locked" not in str(exc) or time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.01)
         except sqlite3.DatabaseError as exc:
             db.close()
             if "not a database" in str(exc) or "malformed" in str(exc):
