@@ -24,7 +24,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Str
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from typedlm.core.answers import Response
+from typedlm.core.answers import Usage
 from typedlm.core.errors import InvalidRequest, LimitExceeded
 from typedlm.core.questions import (
     MAX_CHARS_PER_TOKEN,
@@ -140,10 +140,10 @@ def create_app(model: DeciderLike | ServedModel, settings: ServerSettings | None
 
     app.add_middleware(ObserveRequests, done=observed)
 
-    def note(request: Request, response: Response, questions: Mapping[str, Question]) -> None:
+    def note(request: Request, usage: Usage, questions: Mapping[str, Question]) -> None:
         """What the request used, for its metrics and log line."""
         record = request.state.record
-        record.input_tokens, record.cached_tokens = response.usage.input_tokens, response.usage.cached_tokens
+        record.input_tokens, record.cached_tokens = usage.input_tokens, usage.cached_tokens
         for question in questions.values():
             record.questions[question.kind] = record.questions.get(question.kind, 0) + 1
 
@@ -180,7 +180,7 @@ def create_app(model: DeciderLike | ServedModel, settings: ServerSettings | None
         parsed = parse_request(body)
         check_model(parsed.model)
         response = await served.answer(parsed.state, parsed.questions, parsed.calibration, parsed.order_reads)
-        note(request, response, parsed.questions)
+        note(request, response.usage, parsed.questions)
         return JSONResponse(response.to_wire())
 
     def check_feedback() -> None:
@@ -216,11 +216,8 @@ def create_app(model: DeciderLike | ServedModel, settings: ServerSettings | None
         check_model(posted.request.model)
         check_feedback()
         result = await served.feedback(posted)
-        record = request.state.record
-        record.input_tokens = result["usage"]["input_tokens"]
-        record.cached_tokens = result["usage"]["x_cached_tokens"]
-        for question in posted.request.questions.values():
-            record.questions[question.kind] = record.questions.get(question.kind, 0) + 1
+        usage = Usage(result["usage"]["input_tokens"], cached_tokens=result["usage"]["x_cached_tokens"])
+        note(request, usage, posted.request.questions)
         return JSONResponse(result)
 
     @app.get(
@@ -298,7 +295,7 @@ def create_app(model: DeciderLike | ServedModel, settings: ServerSettings | None
             model, state, questions = chat.parse_chat(body)
             check_model(model)
             response = await served.answer(state, questions, None, None)
-            note(request, response, questions)
+            note(request, response.usage, questions)
         except LimitExceeded as exc:
             return chat.openai_error(413, str(exc))
         except InvalidRequest as exc:
@@ -322,16 +319,11 @@ def create_app(model: DeciderLike | ServedModel, settings: ServerSettings | None
         if app.openapi_schema is None:
             description = f"{app.description}\n\n{limits(settings, served.describe())}"
             spec = get_openapi(title=app.title, version=app.version, description=description, routes=app.routes)
-            request_schema = schemas.SystemOneRequest.model_json_schema(ref_template="#/components/schemas/{model}")
             components = spec.setdefault("components", {}).setdefault("schemas", {})
-            components.update(request_schema.pop("$defs", {}))
-            components["SystemOneRequest"] = request_schema
-            chat_schema = schemas.ChatRequest.model_json_schema(ref_template="#/components/schemas/{model}")
-            components.update(chat_schema.pop("$defs", {}))
-            components["ChatRequest"] = chat_schema
-            feedback_schema = schemas.FeedbackRequest.model_json_schema(ref_template="#/components/schemas/{model}")
-            components.update(feedback_schema.pop("$defs", {}))
-            components["FeedbackRequest"] = feedback_schema
+            for body in (schemas.SystemOneRequest, schemas.ChatRequest, schemas.FeedbackRequest):  # the bodies read
+                body_schema = body.model_json_schema(ref_template="#/components/schemas/{model}")  # by hand above
+                components.update(body_schema.pop("$defs", {}))
+                components[body.__name__] = body_schema
             app.openapi_schema = spec
         return app.openapi_schema
 
