@@ -165,14 +165,16 @@ def test_the_report_scores_each_family_default_and_learned(loaded, tmp_path):
     for i in range(12):
         decider.respond_feedback(body(f"{DOCUMENTS[i % 4]} (case {i})", gold={"billing": i % 4 in (0, 2)}))
     report = decider.feedback_report()
-    assert report["labels"] == 12
+    assert report["labels"] == 12 and report["families_labeled"] == 1
     (family,) = report["families"]
-    assert family["kind"] == "noul" and family["labels"] == 12
+    assert family["kind"] == "noul" and family["labels"] == family["measured_on"] == 12
     assert family["instructions"] == BILLING["instructions"]
     for scores in (family["default"], family["feedback"]):
         assert 0 <= scores["accuracy"] <= 1 and scores["log_loss"] > 0
         assert 0 <= scores["ece"] <= 1 and 0 <= scores["ece_floor90"] <= 1
         assert sum(b["count"] for b in scores["reliability"]) == 12
+    stats = decider.stats()["feedback"]
+    assert stats["labels"] == stats["held"] == 12 and stats["bytes"] > 0
     decider.close()
 
 

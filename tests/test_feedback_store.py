@@ -74,6 +74,23 @@ def test_ids_grow_and_a_reader_polls_after_the_last_it_saw(tmp_path):
         assert [label.question_id for label in store.labels(reading="names")] == ["q9"]
         assert store.labels(prompt_version="2", fingerprint="other") == []
         assert store.count() == 10
+        # a family's latest labels, oldest first (what the report reads)
+        family0 = [label.id for label in store.labels(family="family0")]
+        assert len(family0) == 5 and family0 == sorted(family0)
+        assert [label.id for label in store.labels(family="family0", limit=2, latest=True)] == family0[-2:]
+
+
+def test_a_file_written_before_the_family_index_gets_it_and_keeps_its_labels(tmp_path):
+    path = tmp_path / "f.sqlite"
+    with FeedbackStore(path) as store:
+        stored = store.add([make_label(n) for n in range(4)])
+    with sqlite3.connect(path) as db:
+        db.execute("DROP INDEX labels_family")
+    with FeedbackStore(path) as store:
+        assert store.labels() == stored
+    with sqlite3.connect(path) as db:
+        plan = " ".join(row[-1] for row in db.execute("EXPLAIN QUERY PLAN SELECT * FROM labels WHERE family = 'x'"))
+    assert "labels_family" in plan
 
 
 def test_a_retried_post_is_stored_once(tmp_path):

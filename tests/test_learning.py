@@ -104,3 +104,29 @@ def test_a_bias_toward_one_answer_is_learned_for_a_yes_no_question():
 
 def test_levels_are_named_most_specific_first():
     assert LEVELS == ("exact", "family", "kind")
+
+
+def test_a_learner_holds_its_latest_samples_within_its_budget_and_keeps_what_it_learned():
+    budget = 40_000  # bytes: a few hundred two-answer samples
+    old = question_keys(NoulQuestion("Is it spam?"), "1")
+    learner = Learner(max_bytes=budget)
+    learner.add((old, s) for s in overconfident(200, seed=8))
+    learned = {level: learner.snapshot[(level, old[level])] for level in ("exact", "family")}
+    for start in range(0, 3000, 100):  # then many labels of another question
+        learner.add((KEYS, s) for s in overconfident(100, seed=9 + start))
+    assert learner.count == 3200 and learner.held < 3200
+    assert learner.held * 8 * (2 + 4) <= budget and learner.nbytes <= 2 * budget
+    # the first question's samples are let go, its levels too; their fits stay (its kind, shared, learns on)
+    for level, fitted in learned.items():
+        assert (level, old[level]) not in learner.levels and learner.snapshot[(level, old[level])] is fitted
+    assert learner.calibrate(old, [0.95, 0.05], 0.9, 0.0)[1].level == "exact"
+    # every level holds only samples still held, and the newest are held
+    held = set(learner.where)
+    assert all(set(level.samples) <= held for level in learner.levels.values())
+    assert max(held) == learner.count - 1 and min(held) == learner.first
+    # what it holds is what it was given: each held row is the sample added at that index
+    later = [s for start in range(0, 3000, 100) for s in overconfident(100, seed=9 + start)]
+    for index in (learner.first, learner.count - 1):
+        size, row = learner.where[index]
+        assert learner.columns[size].probs[row].tolist() == list(later[index - 200].probs)
+        assert learner.columns[size].gold[row] == later[index - 200].gold

@@ -39,6 +39,9 @@ logger = logging.getLogger(__name__)
 POLL_S = 1.0  # how often a process looks for labels other processes stored
 REPORT_FOLDS = 5  # the report's cross-validation
 REPORT_MIN_LABELS = 10  # a family's calibration is measured from this many labels on
+REPORT_MAX_LABELS = 2000  # ... on its latest this many labels (read from the store)
+REPORT_MAX_FAMILIES = 100  # the report lists the most labeled this many families
+SYNC_ROWS = 5000  # labels read from the store at a time
 FLOOR = 1e-12
 
 
@@ -113,7 +116,7 @@ class Feedback:
         self.last_id = 0  # the last label learned
         self.learned = 0
         self.skipped = 0  # labels that cannot be learned here (no priors where the base needs them)
-        self.families: dict[str, list[tuple[dict[str, str], Sample]]] = {}  # the report's labels, per family
+        self.families: dict[str, int] = {}  # labels learned per family (the report reads them from the store)
         self.described: dict[str, dict[str, Any]] = {}  # per family: its kind and first question's instructions
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -122,33 +125,33 @@ class Feedback:
 
     # -- learning ----------------------------------------------------------------------------------------------
 
+    def _stored(self, **where: Any) -> list[Label]:
+        """Labels from the store that mean here what they meant when posted (see the module)."""
+        return self.store.labels(
+            fingerprint=self.fingerprint, prompt_version=self.calibrator.prompt_version, reading=self.reading, **where
+        )
+
     def sync(self) -> int:
-        """Learn every label stored since the last one learned; return how many."""
+        """Learn every label stored since the last one learned (`SYNC_ROWS` at a time); return how many."""
         with self._lock:
-            labels = self.store.labels(
-                after=self.last_id,
-                fingerprint=self.fingerprint,
-                prompt_version=self.calibrator.prompt_version,
-                reading=self.reading,
-            )
-            if not labels:
-                return 0
-            labeled = []
-            for label in labels:
-                sample = self._sample(label)
-                if sample is None:
-                    self.skipped += 1
-                    continue
-                keys = {"exact": label.exact, "family": label.family, "kind": label.kind}
-                labeled.append((keys, sample))
-                self.families.setdefault(label.family, []).append((keys, sample))
-                self.described.setdefault(
-                    label.family, {"kind": label.kind, "instructions": label.question.get("instructions")}
-                )
-            self.calibrator.learner.add(labeled)
-            self.last_id = labels[-1].id
-            self.learned += len(labeled)
-            return len(labels)
+            total = 0
+            while labels := self._stored(after=self.last_id, limit=SYNC_ROWS):
+                labeled = []
+                for label in labels:
+                    sample = self._sample(label)
+                    if sample is None:
+                        self.skipped += 1
+                        continue
+                    labeled.append(({"exact": label.exact, "family": label.family, "kind": label.kind}, sample))
+                    self.families[label.family] = self.families.get(label.family, 0) + 1
+                    self.described.setdefault(
+                        label.family, {"kind": label.kind, "instructions": label.question.get("instructions")}
+                    )
+                self.calibrator.learner.add(labeled)
+                self.last_id = labels[-1].id
+                self.learned += len(labeled)
+                total += len(labels)
+            return total
 
     def _sample(self, label: Label) -> Sample | None:
         if self.calibrator.needs_prior and label.priors is None:
@@ -188,8 +191,10 @@ class Feedback:
         return len(stored or ()), {qid: self.calibrator.in_force(questions[qid]) for qid in gold}
 
     def stats(self) -> dict[str, float]:
-        """Labels learned from the store, and those that cannot be (see `sync`)."""
-        return {"labels": self.learned, "not_learned": self.skipped}
+        """Labels learned from the store, those that cannot be (see `sync`), and the samples the learner holds
+        (its latest) and their bytes."""
+        learner = self.calibrator.learner
+        return {"labels": self.learned, "not_learned": self.skipped, "held": learner.held, "bytes": learner.nbytes}
 
     # -- polling -----------------------------------------------------------------------------------------------
 
@@ -218,22 +223,30 @@ class Feedback:
     def report(self) -> dict[str, Any]:
         """Per question family (the most labeled first): its labels, and the default's and the learned
         calibration's accuracy, log loss and ECE on them, cross-validated (`REPORT_FOLDS` folds: each label
-        scored by a fit on the others), each ECE beside its noise floor and with its reliability bins."""
+        scored by a fit on the others), each ECE beside its noise floor and with its reliability bins. Families past
+        the `REPORT_MAX_FAMILIES` most labeled are counted, not listed; each is measured on its latest
+        `REPORT_MAX_LABELS` labels (`measured_on`)."""
         self.sync()
         with self._lock:
             if self._report is not None and self._report[0] == self.last_id:
                 return self._report[1]
-            families = sorted(self.families.items(), key=lambda item: (-len(item[1]), item[0]))
-            rows = [
-                {"family": family, **self.described[family], "labels": len(samples), **_measured(samples)}
-                for family, samples in families
-            ]
+            families = sorted(self.families.items(), key=lambda item: (-item[1], item[0]))
+            rows = []
+            for family, count in families[:REPORT_MAX_FAMILIES]:
+                labeled = []
+                for label in self._stored(family=family, limit=REPORT_MAX_LABELS, latest=True):
+                    sample = self._sample(label)
+                    if sample is not None:
+                        labeled.append(({"exact": label.exact, "family": label.family, "kind": label.kind}, sample))
+                row = {"family": family, **self.described[family], "labels": count, "measured_on": len(labeled)}
+                rows.append({**row, **_measured(labeled)})
             report = {
                 "object": "feedback_report",
                 "model": self.model,
                 "database": str(self.store.path),
                 "labels": self.learned,
                 "not_learned": self.skipped,
+                "families_labeled": len(families),
                 "families": rows,
             }
             self._report = (self.last_id, report)

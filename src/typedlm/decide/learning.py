@@ -24,10 +24,14 @@ chosen per level by `CV_FOLDS`-fold cross-validation on its labels whenever its 
 Fitting is damped Gauss-Newton on the parameters (at most a few dozen), over at most `MAX_LEVEL_LABELS` labels per
 level (the latest). `Learner.add` refits the levels a new label touches; `Learner.calibrate` reads an immutable
 snapshot, so answering never waits for a refit.
+
+Memory is bounded: the learner holds the latest samples up to `MAX_SAMPLE_BYTES` (`Learner.nbytes`); older ones are
+let go, and a level left without samples keeps its last fit (it answers as before) until a new label refits it.
 """
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import math
@@ -44,6 +48,7 @@ from typedlm.decide.calibration import CALIBRATOR_FEATURES, FLOOR, LOG_T_BOUNDS,
 LEVELS = ("exact", "family", "kind")  # the most specific first: an answer's report names the first with labels
 SHRINK = 10.0  # λ: the prior's weight, in labels' worth of log loss curvature (see the module docstring)
 MAX_LEVEL_LABELS = 4096  # the latest labels a level is fitted on
+MAX_SAMPLE_BYTES = 64 * 2**20  # the samples a learner holds (the latest), in bytes of their arrays
 MAX_BIAS_ANSWERS = 16  # a per-answer bias only for questions with at most this many answers
 MIN_CV_LABELS = 20  # a level's variant is chosen by cross-validation from this many labels on, at each doubling
 CV_FOLDS = 5
@@ -291,38 +296,61 @@ class Used:
 
 class _Columns:
     """The samples of one size n as growing arrays (capacity doubled as needed): probabilities [N, n], raw masses,
-    disagreements and gold indexes [N]."""
+    disagreements, gold indexes and each row's sample index [N]."""
 
-    def __init__(self, n: int):
+    def __init__(self, n: int, capacity: int = 16):
         self.count = 0
-        self.probs = np.zeros((16, n))
-        self.mass, self.disagreement = np.zeros(16), np.zeros(16)
-        self.gold = np.zeros(16, dtype=np.int64)
+        self.probs = np.zeros((capacity, n))
+        self.mass, self.disagreement = np.zeros(capacity), np.zeros(capacity)
+        self.gold = np.zeros(capacity, dtype=np.int64)
+        self.index = np.zeros(capacity, dtype=np.int64)
 
-    def append(self, sample: Sample) -> int:
+    @staticmethod
+    def row_bytes(n: int) -> int:
+        return 8 * (n + 4)
+
+    def append(self, sample: Sample, index: int) -> int:
         if self.count == len(self.mass):
             grow = len(self.mass)
             self.probs = np.concatenate([self.probs, np.zeros_like(self.probs)])
             self.mass, self.disagreement = np.pad(self.mass, (0, grow)), np.pad(self.disagreement, (0, grow))
-            self.gold = np.pad(self.gold, (0, grow))
+            self.gold, self.index = np.pad(self.gold, (0, grow)), np.pad(self.index, (0, grow))
         row, self.count = self.count, self.count + 1
         self.probs[row], self.mass[row], self.disagreement[row] = sample.probs, sample.mass, sample.disagreement
-        self.gold[row] = sample.gold
+        self.gold[row], self.index[row] = sample.gold, index
         return row
+
+    def kept(self, first: int) -> tuple[_Columns, dict[int, int]]:
+        """These columns without the samples older than index `first`, and each kept sample's new row."""
+        keep = np.flatnonzero(self.index[: self.count] >= first)
+        out = _Columns(self.probs.shape[1], max(16, len(keep)))
+        out.count = len(keep)
+        out.probs[: len(keep)], out.mass[: len(keep)] = self.probs[keep], self.mass[keep]
+        out.disagreement[: len(keep)], out.gold[: len(keep)] = self.disagreement[keep], self.gold[keep]
+        out.index[: len(keep)] = self.index[keep]
+        return out, {int(i): row for row, i in enumerate(out.index[: len(keep)])}
+
+    @property
+    def nbytes(self) -> int:
+        return self.probs.nbytes + self.mass.nbytes + self.disagreement.nbytes + self.gold.nbytes + self.index.nbytes
 
 
 class Learner:
     """Every level's labels and fits. `add` (one writer at a time: a lock) refits the levels a label touches and
-    publishes a new snapshot; `calibrate` (any thread, no lock) reads the snapshot it finds."""
+    publishes a new snapshot; `calibrate` (any thread, no lock) reads the snapshot it finds. Holds the latest
+    samples up to `max_bytes` (see the module)."""
 
-    def __init__(self, shrink: float = SHRINK):
+    def __init__(self, shrink: float = SHRINK, max_bytes: int = MAX_SAMPLE_BYTES):
         self.shrink = shrink
+        self.max_bytes = max_bytes
         self.count = 0  # samples added
+        self.first = 0  # the oldest sample still held
+        self.held_bytes = 0  # the held samples' share of the columns (`_Columns.row_bytes` each)
         self.columns: dict[int, _Columns] = {}  # answers per sample -> the samples of that size
-        self.where: list[tuple[int, int]] = []  # sample index -> (its size, its row in `columns[size]`)
-        self.levels: dict[tuple[str, str], Level] = {}  # (level, key) -> Level
+        self.where: dict[int, tuple[int, int]] = {}  # held sample index -> (its size, its row in `columns[size]`)
+        self.levels: dict[tuple[str, str], Level] = {}  # (level, key) -> Level, for levels holding samples
         self.snapshot: dict[tuple[str, str], LevelFit] = {}
-        self.keys_of: dict[int, dict[str, str]] = {}  # sample index -> its question's keys
+        self.keys_of: dict[int, dict[str, str]] = {}  # held sample index -> its question's keys
         self._lock = threading.Lock()
 
     def add(self, labeled: Iterable[tuple[dict[str, str], Sample]]) -> None:
@@ -333,7 +361,8 @@ class Learner:
             for keys, sample in labeled:
                 index, size = self.count, len(sample.probs)
                 self.count += 1
-                self.where.append((size, self.columns.setdefault(size, _Columns(size)).append(sample)))
+                self.where[index] = (size, self.columns.setdefault(size, _Columns(size)).append(sample, index))
+                self.held_bytes += _Columns.row_bytes(size)
                 for level in LEVELS:
                     biasable = sample_biasable(keys["kind"], level, size)
                     entry = self.levels.setdefault((level, keys[level]), Level(keys["kind"], biasable))
@@ -342,12 +371,44 @@ class Learner:
                         del entry.samples[0]
                     touched[level].add(keys[level])
                 self.keys_of[index] = keys
+            if self.held_bytes > self.max_bytes:
+                self._let_go()
             snapshot = dict(self.snapshot)
             for level in reversed(LEVELS):  # kind, family, exact
                 for key in touched[level]:
-                    entry = self.levels[(level, key)]
-                    snapshot[(level, key)] = entry.fit(self._inputs(snapshot, level, entry), self.shrink)
+                    entry = self.levels.get((level, key))
+                    if entry is not None:  # None: all its samples let go (one add larger than the budget)
+                        snapshot[(level, key)] = entry.fit(self._inputs(snapshot, level, entry), self.shrink)
             self.snapshot = snapshot
+
+    def _let_go(self) -> None:
+        """Let the oldest samples go until those held fill three quarters of `max_bytes` (so that this is rare),
+        and the levels forget them; a level left with none is dropped (its fit stays in the snapshot)."""
+        while self.held_bytes > 0.75 * self.max_bytes and self.first < self.count:
+            self.held_bytes -= _Columns.row_bytes(self.where.pop(self.first)[0])
+            del self.keys_of[self.first]
+            self.first += 1
+        for size in list(self.columns):
+            columns, rows = self.columns[size].kept(self.first)
+            if columns.count:
+                self.columns[size] = columns
+                self.where.update((index, (size, row)) for index, row in rows.items())
+            else:
+                del self.columns[size]
+        for name, entry in list(self.levels.items()):
+            entry.samples = entry.samples[bisect.bisect_left(entry.samples, self.first) :]
+            if not entry.samples:
+                del self.levels[name]
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes of the samples' arrays, their spare capacity included."""
+        return sum(columns.nbytes for columns in self.columns.values())
+
+    @property
+    def held(self) -> int:
+        """Samples held (the latest; `count` were added)."""
+        return len(self.where)
 
     def _inputs(self, snapshot: dict[tuple[str, str], LevelFit], level: str, entry: Level) -> list[_Rows]:
         """A level's samples as the levels above it give them (one `_Rows` per answer count). The samples of a

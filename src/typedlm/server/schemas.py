@@ -147,6 +147,7 @@ class FeedbackFamily(BaseModel):
     kind: Literal["noul", "choice", "score"]
     instructions: JSONText | None
     labels: int
+    measured_on: int = Field(..., description="The latest labels the scores are measured on (at most 2,000).")
     default: FamilyScores = Field(..., description="The default calibration's answers on the family's labels.")
     feedback: FamilyScores | None = Field(
         ..., description="Calibration learned from its labels, cross-validated (5 folds); null under 10 labels."
@@ -159,6 +160,7 @@ class FeedbackReport(BaseModel):
     database: str
     labels: int
     not_learned: int = Field(..., description="Stored labels that cannot be learned under this server's options.")
+    families_labeled: int = Field(..., description="Question families with labels; the 100 most labeled are listed.")
     families: list[FeedbackFamily]
 
 

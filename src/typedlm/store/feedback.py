@@ -51,6 +51,7 @@ APPLICATION_ID = 0x74644C46  # PRAGMA application_id: "tdLF", a typedlm feedback
 TIMEOUT_S = 30.0  # how long a writer waits for another process's write lock
 EXPORT_ROWS = 1000  # rows read at a time by `export`
 
+_FAMILY_INDEX = "CREATE INDEX IF NOT EXISTS labels_family ON labels (family, id)"  # a family's latest labels
 _SCHEMA = (
     """CREATE TABLE posts (
         id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -66,6 +67,7 @@ _SCHEMA = (
         question TEXT NOT NULL, masses TEXT NOT NULL, priors TEXT, lengths TEXT,  -- JSON
         gold INTEGER NOT NULL
     )""",
+    _FAMILY_INDEX,
 )
 _COLUMNS = (
     "uid, created, feedback_id, question_id, model, fingerprint, prompt_version, reading, kind, exact, family, "
@@ -234,6 +236,9 @@ class FeedbackStore:
                         db.execute(statement)
                     db.execute(f"PRAGMA application_id = {APPLICATION_ID}")
                     db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        elif not db.execute("SELECT 1 FROM sqlite_master WHERE name = 'labels_family'").fetchone():
+            with self._transaction(db):  # a file written before the index was
+                db.execute(_FAMILY_INDEX)
         if db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
             db.execute("PRAGMA journal_mode = WAL")
         db.execute(f"PRAGMA synchronous = {'FULL' if self.fsync else 'NORMAL'}")  # per connection, not in the file
@@ -337,18 +342,20 @@ class FeedbackStore:
         fingerprint: str | None = None,
         prompt_version: str | None = None,
         reading: str | None = None,
+        family: str | None = None,
+        latest: bool = False,
     ) -> list[Label]:
-        """Labels with id > `after` (the last id a reader saw), in id order, at most `limit`; only those with the
-        `fingerprint`, `prompt_version` and `reading` given."""
-        where = {"fingerprint": fingerprint, "prompt_version": prompt_version, "reading": reading}
+        """Labels with id > `after` (the last id a reader saw), in id order, at most `limit` (the first, or with
+        `latest` the last); only those with the `fingerprint`, `prompt_version`, `reading` and `family` given."""
+        where = {"fingerprint": fingerprint, "prompt_version": prompt_version, "reading": reading, "family": family}
         where = {name: value for name, value in where.items() if value is not None}
         conditions = "".join(f" AND {name} = ?" for name in where)
-        sql = f"SELECT id, {_COLUMNS} FROM labels WHERE id > ?{conditions} ORDER BY id"
+        sql = f"SELECT id, {_COLUMNS} FROM labels WHERE id > ?{conditions} ORDER BY id {'DESC' if latest else ''}"
         if limit is not None:
             sql += f" LIMIT {int(limit)}"
         with self._lock:
             rows = self._db.execute(sql, (after, *where.values())).fetchall()
-        return [_label(row) for row in rows]
+        return [_label(row) for row in (reversed(rows) if latest else rows)]
 
     def count(self) -> int:
         with self._lock:
