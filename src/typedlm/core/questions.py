@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from typedlm.core.answers import ChoiceAnswer, NoulAnswer, ScoreAnswer
+from typedlm.core.answers import ChoiceAnswer, NoulAnswer, ScoreAnswer, Text
 from typedlm.core.confidence import choice_confidence, score_confidence
 from typedlm.core.errors import InvalidRequest
 
@@ -28,7 +28,6 @@ MAX_FEEDBACK_ID_CHARS = 200  # x_feedback_id: a client's idempotency id for a fe
 MAX_CHARS_PER_TOKEN = 32  # no tokenizer packs more text than this into one token of real text: text longer than
 # this many characters per token of a limit is over it before it is tokenized (a name, a request's text)
 
-Text = str | dict | list  # JSON text: a string, or an object/array rendered as JSON
 YES, NO = 0, 1  # a noul question's answers, in the order of its probabilities everywhere: [p_yes, p_no]
 
 # Every question type has the same small interface, so no caller asks which type it holds:

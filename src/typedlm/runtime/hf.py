@@ -13,16 +13,23 @@
 - `attention_function(attention)`: the attention function an attention module's config selects (the cascade or
   SDPA), for a fused attention forward to call as the module's own does;
 - `rotary_function(model)` / `set_rotary_function(model, fn)`: the family's module-level
-  `apply_rotary_pos_emb`, which `patching` wraps.
+  `apply_rotary_pos_emb`, which `patching` wraps;
+- a model's parts under transformers' names, for `patching` and `layer_forwards`: a norm's epsilon
+  (`norm_eps`, `is_rms_norm`), a gated MLP's projections (`is_gated_mlp`, `gated_mlp`), an attention's
+  (`qkv_projections`, `normed_attention_parts`, `call_attention_function`), a decoder layer's
+  (`is_decoder_layer`, `layer_norms`, `layer_attention`, `layer_mlp`, `attention_replaced`) and a decoder's
+  layers with its final norm (`decoders`).
 """
 
 from __future__ import annotations
 
 import inspect
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
+from typing import NamedTuple
 
 import torch
 from transformers import AttentionInterface, DynamicCache
@@ -35,6 +42,7 @@ CASCADE = "typedlm_cascade"  # the attention implementation's registered name
 PLAN_KEYWORD = "typedlm_plan"  # how a forward hands its cascade plan down to every attention call
 SUPPORTED_LAYER_TYPES = ("full_attention", "sliding_attention")
 CACHE_KEYWORDS = ("cache", "past_key_values")  # what an attention's key/value cache argument is called (5.2x, 5.17)
+ROTARY_FUNCTION = "apply_rotary_pos_emb"  # the module-level rotary function of a family's modeling file
 
 Layers = tuple[tuple[torch.Tensor, torch.Tensor], ...]  # per layer (keys, values) [1, Hkv, T, D]
 
@@ -201,9 +209,129 @@ def _modeling_module(model: torch.nn.Module):
 
 def rotary_function(model: torch.nn.Module) -> Callable | None:
     """The family's `apply_rotary_pos_emb(q, k, cos, sin, ...)` (None where the family has none)."""
-    return getattr(_modeling_module(model), "apply_rotary_pos_emb", None)
+    return getattr(_modeling_module(model), ROTARY_FUNCTION, None)
 
 
 def set_rotary_function(model: torch.nn.Module, function: Callable) -> None:
     """Replace the family's `apply_rotary_pos_emb`: every model of the family in this process calls `function`."""
-    _modeling_module(model).apply_rotary_pos_emb = function
+    setattr(_modeling_module(model), ROTARY_FUNCTION, function)
+
+
+# --------------------------------------------------------------------------- a model's parts, by transformers' names
+#
+# transformers' decoders of the Llama family (Qwen, Llama, Gemma, ...) name their parts alike: a decoder's
+# `layers` and final `norm`; a layer's `self_attn`, `mlp`, `input_layernorm` and `post_attention_layernorm`; an
+# attention's `q_proj`, `k_proj`, `v_proj` and `o_proj` (Qwen3's also `q_norm` and `k_norm`, per head); a gated
+# MLP's `gate_proj`, `up_proj` and `down_proj`; a norm's `variance_epsilon` (or `eps`). Each is read when asked
+# for, so a part swapped in is what the caller gets.
+
+QKV_PROJECTIONS = ("q_proj", "k_proj", "v_proj")
+GATED_MLP_PARTS = ("gate_proj", "up_proj", "down_proj")
+DECODER_LAYER_PARTS = ("self_attn", "mlp", "input_layernorm", "post_attention_layernorm")
+NORMED_ATTENTION_PARTS = (*QKV_PROJECTIONS, "o_proj", "q_norm", "k_norm")
+
+
+def norm_eps(norm: torch.nn.Module) -> float | None:
+    """A norm module's epsilon, under either name transformers' norms keep it."""
+    return getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
+
+
+def is_rms_norm(module: torch.nn.Module) -> bool:
+    """An RMSNorm of transformers' (its class named so) with an epsilon and one weight per channel."""
+    weight = getattr(module, "weight", None)
+    return (
+        type(module).__name__.endswith("RMSNorm")
+        and norm_eps(module) is not None
+        and weight is not None
+        and weight.dim() == 1
+    )
+
+
+def is_gated_mlp(module: torch.nn.Module) -> bool:
+    return all(hasattr(module, name) for name in GATED_MLP_PARTS)
+
+
+def gated_mlp(mlp: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module, torch.nn.Module]:
+    """A gated MLP's (gate, up, down) projections: down(act(gate(x)) * up(x))."""
+    return mlp.gate_proj, mlp.up_proj, mlp.down_proj
+
+
+def qkv_projections(attention: torch.nn.Module) -> tuple[torch.nn.Module | None, ...]:
+    """An attention's q, k and v projections, in that order (None for one it lacks)."""
+    return tuple(getattr(attention, name, None) for name in QKV_PROJECTIONS)
+
+
+class NormedAttentionParts(NamedTuple):
+    """An attention that norms each head of its queries and keys before the rotary (Qwen3's), by its parts."""
+
+    q: torch.nn.Module
+    k: torch.nn.Module
+    v: torch.nn.Module
+    o: torch.nn.Module
+    query_norm: torch.nn.Module  # per head
+    key_norm: torch.nn.Module
+    head_dim: int | None
+
+
+def normed_attention_parts(attention: torch.nn.Module) -> NormedAttentionParts | None:
+    """The attention's projections, q/k norms and head size; None where it lacks one of them, or its `scaling`."""
+    if not all(hasattr(attention, name) for name in NORMED_ATTENTION_PARTS) or not hasattr(attention, "scaling"):
+        return None
+    return NormedAttentionParts(
+        attention.q_proj, attention.k_proj, attention.v_proj, attention.o_proj, attention.q_norm, attention.k_norm,
+        getattr(attention, "head_dim", None),
+    )  # fmt: skip
+
+
+def call_attention_function(
+    function: Callable,
+    attention: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask,
+    kwargs: dict,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`function` (see `attention_function`) called as the attention module's own forward calls it: no dropout,
+    the module's scaling and sliding window."""
+    return function(
+        attention, query, key, value, attention_mask, dropout=0.0, scaling=attention.scaling,
+        sliding_window=getattr(attention, "sliding_window", None), **kwargs,
+    )  # fmt: skip
+
+
+def is_decoder_layer(layer: torch.nn.Module) -> bool:
+    """A pre-norm decoder layer: x + attention(input norm(x)), then + mlp(post-attention norm(·))."""
+    return all(hasattr(layer, name) for name in DECODER_LAYER_PARTS)
+
+
+def layer_norms(layer: torch.nn.Module) -> tuple[torch.nn.Module | None, torch.nn.Module | None]:
+    """A decoder layer's (input norm, post-attention norm), None for one it lacks."""
+    return getattr(layer, "input_layernorm", None), getattr(layer, "post_attention_layernorm", None)
+
+
+def layer_attention(layer: torch.nn.Module) -> torch.nn.Module:
+    return layer.self_attn
+
+
+def layer_mlp(layer: torch.nn.Module) -> torch.nn.Module:
+    return layer.mlp
+
+
+@contextmanager
+def attention_replaced(layer: torch.nn.Module, stand_in: torch.nn.Module) -> Iterator[None]:
+    """The decoder layer with `stand_in` as its attention, its own put back after."""
+    attention = layer.self_attn
+    layer.self_attn = stand_in
+    try:
+        yield
+    finally:
+        layer.self_attn = attention
+
+
+def decoders(model: torch.nn.Module) -> Iterator[tuple[torch.nn.ModuleList, torch.nn.Module]]:
+    """The model's decoders as (their layers, their final norm): each module with a list of `layers` and a `norm`."""
+    for module in model.modules():
+        layers, final = getattr(module, "layers", None), getattr(module, "norm", None)
+        if isinstance(layers, torch.nn.ModuleList) and final is not None:
+            yield layers, final

@@ -45,11 +45,6 @@ def probe_rotary(dim: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     return cos, sin
 
 
-def norm_eps(module: torch.nn.Module) -> float | None:
-    """A norm module's epsilon, under either name transformers' norms keep it."""
-    return getattr(module, "variance_epsilon", getattr(module, "eps", None))
-
-
 def _class_agrees(
     verdict: dict, module: torch.nn.Module, ops: FusedOps, check: Callable, kept: list[str], note: str
 ) -> bool:
@@ -91,9 +86,6 @@ def swap_forwards(
     return swapped, kept
 
 
-RESIDUAL_LAYER = ("self_attn", "mlp", "input_layernorm", "post_attention_layernorm")
-
-
 class _ResidualHandoff:
     """A decoder layer's last residual add, fused with the norm that reads the sum next (the next layer's input
     norm, or the final norm): the layer returns the sum and leaves the normed rows here, and that norm's call on
@@ -133,18 +125,20 @@ def _residual_forward(
     with the norms that read them: the attention's with the post-attention norm, the MLP's with `next_norm`.
 
     The model's `last` layer, under a plan with `out_rows`, returns those rows alone [1, len(out_rows), D]."""
-    post, post_eps = layer.post_attention_layernorm, norm_eps(layer.post_attention_layernorm)
-    next_eps = norm_eps(next_norm) if next_norm is not None else None
+    post = hf.layer_norms(layer)[1]
+    post_eps = hf.norm_eps(post)
+    next_eps = hf.norm_eps(next_norm) if next_norm is not None else None
 
     def forward(hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         if args or not ops.runs_on(hidden_states):  # positional arguments: the layer's own order, its own forward
             return original(hidden_states, *args, **kwargs)
-        attention, *_ = layer.self_attn(hidden_states=layer.input_layernorm(hidden_states), **kwargs)
+        input_norm = hf.layer_norms(layer)[0]
+        attention, *_ = hf.layer_attention(layer)(hidden_states=input_norm(hidden_states), **kwargs)
         out_rows = getattr(kwargs.get(hf.PLAN_KEYWORD), "out_rows", None) if last else None
         if out_rows is not None:  # the rows read after this layer: the others' MLP would be thrown away
             attention, hidden_states = attention[:, out_rows], hidden_states[:, out_rows]
         residual, normed = ops.add_rms_norm(attention, hidden_states, post.weight, post_eps)
-        out = layer.mlp(normed)
+        out = hf.layer_mlp(layer)(normed)
         if next_norm is None:
             return residual + out
         return handoff.give(*ops.add_rms_norm(out, residual, next_norm.weight, next_eps))
@@ -164,21 +158,17 @@ def _handoff_norm_forward(norm: torch.nn.Module, handoff: _ResidualHandoff) -> C
 
 def _residual_layer_agrees(layer: torch.nn.Module, ops: FusedOps) -> bool:
     """The fused forward equals the layer's own with a stand-in attention, and hands the next norm its rows."""
-    attention, post = layer.self_attn, layer.post_attention_layernorm
-    layer.self_attn = _ProbeAttention()
-    try:
+    norm, post = hf.layer_norms(layer)  # the input norm: any fused norm serves as the next one
+    with hf.attention_replaced(layer, _ProbeAttention()):
         x = probe((1, PROBE_ROWS, post.weight.shape[0]), post.weight)
         want = layer.forward(x)
         if not isinstance(want, torch.Tensor):  # a layer returning a tuple (older transformers) keeps its own
             return False
-        norm = layer.input_layernorm  # any fused norm serves as the next one
         handoff = _ResidualHandoff()
         alone = _residual_forward(layer, layer.forward, ops, handoff, None)(x)
         handed = _residual_forward(layer, layer.forward, ops, handoff, norm)(x)
         taken = handoff.take(handed)
         return agrees(alone, want) and agrees(handed, want) and taken is not None and agrees(taken, norm(want))
-    finally:
-        layer.self_attn = attention
 
 
 def fuse_residual_norms(model: torch.nn.Module, ops: FusedOps) -> tuple[int, list[str]]:
@@ -190,18 +180,15 @@ def fuse_residual_norms(model: torch.nn.Module, ops: FusedOps) -> tuple[int, lis
     fused, kept = 0, []
     if ops.add_rms_norm is None:
         return fused, kept
-    for decoder in model.modules():
-        layers, final = getattr(decoder, "layers", None), getattr(decoder, "norm", None)
-        if not isinstance(layers, torch.nn.ModuleList) or final is None:
-            continue
+    for layers, final in hf.decoders(model):
         handoff, verdict = _ResidualHandoff(), {}
         for i, layer in enumerate(layers):
             if getattr(layer.forward, WRAPPED, None) == ops.name:
                 fused += 1  # fused by an earlier `fuse`
                 continue
-            next_norm = getattr(layers[i + 1], "input_layernorm", None) if i + 1 < len(layers) else final
-            norms = [getattr(layer, name, None) for name in RESIDUAL_LAYER[2:]] + [next_norm]
-            if not all(hasattr(layer, name) for name in RESIDUAL_LAYER) or not all(
+            next_norm = hf.layer_norms(layers[i + 1])[0] if i + 1 < len(layers) else final
+            norms = [*hf.layer_norms(layer), next_norm]
+            if not hf.is_decoder_layer(layer) or not all(
                 getattr(n, "forward", None) is not None and getattr(n.forward, WRAPPED, None) == ops.name for n in norms
             ):
                 continue
@@ -217,11 +204,9 @@ def fuse_residual_norms(model: torch.nn.Module, ops: FusedOps) -> tuple[int, lis
     return fused, kept
 
 
-NORM_ROPE_PARTS = ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm")
-
-
 def _norm_rope_attention(
     attention: torch.nn.Module,
+    parts: hf.NormedAttentionParts,
     ops: FusedOps,
     interface: Callable,
     hidden_states: torch.Tensor,
@@ -229,23 +214,23 @@ def _norm_rope_attention(
     attention_mask,
     kwargs: dict,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The attention's own steps, with its q and k norms and the rotary embedding as `ops.norm_rope`."""
+    """The attention's own steps (`parts` are its own), with its q and k norms and the rotary embedding as
+    `ops.norm_rope`."""
     input_shape = hidden_states.shape[:-1]  # [B, L]
-    hidden_shape = (*input_shape, -1, attention.head_dim)
-    q = attention.q_proj(hidden_states).view(hidden_shape)  # [B, L, H, D]; k and v from the same joined product
-    k = attention.k_proj(hidden_states).view(hidden_shape)  # [B, L, Hkv, D]
-    v = attention.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)  # [B, Hkv, L, D]
+    hidden_shape = (*input_shape, -1, parts.head_dim)
+    q = parts.q(hidden_states).view(hidden_shape)  # [B, L, H, D]; k and v from the same joined product
+    k = parts.k(hidden_states).view(hidden_shape)  # [B, L, Hkv, D]
+    v = parts.v(hidden_states).view(hidden_shape).transpose(1, 2)  # [B, Hkv, L, D]
     cos, sin = position_embeddings  # [B, L, D]
-    eps = norm_eps(attention.q_norm)
-    q, k = ops.norm_rope(q, k, attention.q_norm.weight, attention.k_norm.weight, eps, cos, sin)  # [B, H|Hkv, L, D]
-    out, weights = interface(
-        attention, q, k, v, attention_mask, dropout=0.0, scaling=attention.scaling,
-        sliding_window=getattr(attention, "sliding_window", None), **kwargs,
-    )  # fmt: skip
-    return attention.o_proj(out.reshape(*input_shape, -1).contiguous()), weights
+    eps = hf.norm_eps(parts.query_norm)
+    q, k = ops.norm_rope(q, k, parts.query_norm.weight, parts.key_norm.weight, eps, cos, sin)  # [B, H|Hkv, L, D]
+    out, weights = hf.call_attention_function(interface, attention, q, k, v, attention_mask, kwargs)
+    return parts.o(out.reshape(*input_shape, -1).contiguous()), weights
 
 
 def _norm_rope_forward(attention: torch.nn.Module, original: Callable, ops: FusedOps) -> Callable:
+    parts = hf.normed_attention_parts(attention)
+
     def forward(hidden_states, position_embeddings=None, attention_mask=None, *args, **kwargs):
         interface = hf.attention_function(attention)
         cached = any(kwargs.get(name) is not None for name in hf.CACHE_KEYWORDS)
@@ -259,21 +244,24 @@ def _norm_rope_forward(attention: torch.nn.Module, original: Callable, ops: Fuse
         ):
             return original(hidden_states, position_embeddings, attention_mask, *args, **kwargs)
         rest = {name: value for name, value in kwargs.items() if name not in hf.CACHE_KEYWORDS}
-        return _norm_rope_attention(attention, ops, interface, hidden_states, position_embeddings, attention_mask, rest)
+        return _norm_rope_attention(
+            attention, parts, ops, interface, hidden_states, position_embeddings, attention_mask, rest
+        )
 
     return forward
 
 
 def _norm_rope_applies(attention: torch.nn.Module, ops: FusedOps) -> bool:
     """An attention with per-head q and k norms whose fused kernels agreed, one epsilon, a full rotary."""
-    if not all(hasattr(attention, name) for name in NORM_ROPE_PARTS) or not hasattr(attention, "scaling"):
+    parts = hf.normed_attention_parts(attention)
+    if parts is None:
         return False
-    norms = (attention.q_norm, attention.k_norm)
-    dim = getattr(attention, "head_dim", None)
+    norms = (parts.query_norm, parts.key_norm)
+    dim = parts.head_dim
     return (
         all(getattr(n.forward, WRAPPED, None) == ops.name for n in norms)  # the model's norms are plain RMSNorms
         and all(getattr(n, "weight", None) is not None and n.weight.shape == (dim,) for n in norms)
-        and norm_eps(attention.q_norm) == norm_eps(attention.k_norm)
+        and hf.norm_eps(parts.query_norm) == hf.norm_eps(parts.key_norm)
     )
 
 
@@ -282,11 +270,12 @@ def _norm_rope_agrees(attention: torch.nn.Module, ops: FusedOps) -> bool:
     interface = hf.attention_function(attention)
     if interface is None:
         return False
-    like = attention.q_proj.weight
-    x = probe((1, PROBE_ROWS, attention.q_proj.in_features), like)
-    cos, sin = probe_rotary(attention.head_dim, like)
+    parts = hf.normed_attention_parts(attention)
+    like = parts.q.weight
+    x = probe((1, PROBE_ROWS, parts.q.in_features), like)
+    cos, sin = probe_rotary(parts.head_dim, like)
     want = attention.forward(hidden_states=x, position_embeddings=(cos, sin), attention_mask=None)[0]
-    got = _norm_rope_attention(attention, ops, interface, x, (cos, sin), None, {})[0]
+    got = _norm_rope_attention(attention, parts, ops, interface, x, (cos, sin), None, {})[0]
     return agrees(got, want)
 
 

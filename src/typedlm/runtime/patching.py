@@ -41,7 +41,6 @@ from typedlm.runtime.layer_forwards import (
     WRAPPED,
     fuse_norm_rope,
     fuse_residual_norms,
-    norm_eps,
     probe,
     probe_rotary,
     swap_forwards,
@@ -73,7 +72,7 @@ class FusionReport:
 
 
 def _norm_forward(module: torch.nn.Module, original: Callable, ops: FusedOps) -> Callable:
-    eps = norm_eps(module)
+    eps = hf.norm_eps(module)
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         return ops.rms_norm(x, module.weight, eps) if ops.runs_on(x) else original(x)
@@ -109,7 +108,7 @@ def _join_linears(modules: list[torch.nn.Linear]) -> tuple[torch.Tensor, torch.T
 def _joinable(module: torch.nn.Module) -> bool:
     """Gate and up are bias-free linear maps of one shape: they can run as one matrix product whose halves
     `silu_mul_joined` reads."""
-    gate, up = module.gate_proj, module.up_proj
+    gate, up, _ = hf.gated_mlp(module)
     return _joinable_linears([gate, up]) and gate.bias is None and gate.weight.shape == up.weight.shape
 
 
@@ -120,21 +119,20 @@ def _joins(module: torch.nn.Module, ops: FusedOps) -> bool:
 
 def _fused_mlp(module: torch.nn.Module, x: torch.Tensor, ops: FusedOps, joined: torch.Tensor | None) -> torch.Tensor:
     """The MLP through `ops`: gate and up as one product with the `joined` weight, or apart without it."""
+    gate, up, down = hf.gated_mlp(module)
     if joined is not None:
-        return module.down_proj(ops.silu_mul_joined(torch.nn.functional.linear(x, joined)))
-    return module.down_proj(ops.silu_mul(module.gate_proj(x), module.up_proj(x)))
+        return down(ops.silu_mul_joined(torch.nn.functional.linear(x, joined)))
+    return down(ops.silu_mul(gate(x), up(x)))
 
 
 def _mlp_forward(module: torch.nn.Module, original: Callable, ops: FusedOps) -> Callable:
-    joined = _join_linears([module.gate_proj, module.up_proj])[0] if _joins(module, ops) else None
+    gate, up, _ = hf.gated_mlp(module)
+    joined = _join_linears([gate, up])[0] if _joins(module, ops) else None
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         return _fused_mlp(module, x, ops, joined) if ops.runs_on(x) else original(x)
 
     return forward
-
-
-PROJECTIONS = ("q_proj", "k_proj", "v_proj")
 
 
 class _JoinedProjections:
@@ -147,7 +145,7 @@ class _JoinedProjections:
     """
 
     def __init__(self, attention: torch.nn.Module):
-        modules = [getattr(attention, name) for name in PROJECTIONS]
+        modules = list(hf.qkv_projections(attention))
         self.weight, self.bias = _join_linears(modules)
         self.sizes = [m.out_features for m in modules]
         self.input: torch.Tensor | None = None
@@ -171,8 +169,7 @@ class _JoinedProjections:
 
 def _joinable_projections(module: torch.nn.Module) -> bool:
     """The module has q, k and v projections that one matrix product can run."""
-    modules = [getattr(module, name, None) for name in PROJECTIONS]
-    return _joinable_linears(modules)
+    return _joinable_linears(list(hf.qkv_projections(module)))
 
 
 def _join_projections(model: torch.nn.Module, ops: FusedOps, report: FusionReport, move_weights: bool) -> None:
@@ -183,7 +180,9 @@ def _join_projections(model: torch.nn.Module, ops: FusedOps, report: FusionRepor
     for module in model.modules():
         if not _joinable_projections(module):
             continue
-        if getattr(module.q_proj.forward, WRAPPED, None) == ops.name:
+        projections = list(hf.qkv_projections(module))
+        q = projections[0]
+        if getattr(q.forward, WRAPPED, None) == ops.name:
             report.projections += 1  # joined by an earlier `fuse`
             continue
         if not move_weights:
@@ -191,8 +190,7 @@ def _join_projections(model: torch.nn.Module, ops: FusedOps, report: FusionRepor
             if note not in report.kept:
                 report.kept.append(note)
             continue
-        projections = [getattr(module, name) for name in PROJECTIONS]
-        x = probe((PROBE_ROWS, module.q_proj.in_features), module.q_proj.weight)
+        x = probe((PROBE_ROWS, q.in_features), q.weight)
         want = [m(x) for m in projections]
         originals = [m.forward for m in projections]
         joined = _JoinedProjections(module)
@@ -207,29 +205,16 @@ def _join_projections(model: torch.nn.Module, ops: FusedOps, report: FusionRepor
         report.kept.append(f"{type(module).__name__} q/k/v apart")
 
 
-def _is_rms_norm(module: torch.nn.Module) -> bool:
-    weight = getattr(module, "weight", None)
-    return (
-        type(module).__name__.endswith("RMSNorm")
-        and norm_eps(module) is not None
-        and weight is not None
-        and weight.dim() == 1
-    )
-
-
-def _is_gated_mlp(module: torch.nn.Module) -> bool:
-    return all(hasattr(module, name) for name in ("gate_proj", "up_proj", "down_proj"))
-
-
 def _norm_agrees(module: torch.nn.Module, ops: FusedOps) -> bool:
     x = probe((PROBE_ROWS, module.weight.shape[0]), module.weight)
-    return agrees(ops.rms_norm(x, module.weight, norm_eps(module)), module.forward(x))
+    return agrees(ops.rms_norm(x, module.weight, hf.norm_eps(module)), module.forward(x))
 
 
 def _mlp_agrees(module: torch.nn.Module, ops: FusedOps) -> bool:
     """The fused MLP as `_mlp_forward` will run it (gate and up joined where they can be) against the module's."""
-    x = probe((PROBE_ROWS, module.gate_proj.in_features), module.gate_proj.weight)
-    joined = torch.cat([module.gate_proj.weight, module.up_proj.weight]) if _joins(module, ops) else None
+    gate, up, _ = hf.gated_mlp(module)
+    x = probe((PROBE_ROWS, gate.in_features), gate.weight)
+    joined = torch.cat([gate.weight, up.weight]) if _joins(module, ops) else None
     return agrees(_fused_mlp(module, x, ops, joined), module.forward(x))
 
 
@@ -237,7 +222,7 @@ def _fuse_rope(model: torch.nn.Module, ops: FusedOps, report: FusionReport) -> N
     shape = hf.ModelShape.of(model)
     original = hf.rotary_function(model)
     if original is None:
-        report.kept.append("rotary (no apply_rotary_pos_emb)")
+        report.kept.append(f"rotary (no {hf.ROTARY_FUNCTION})")
         return
     if getattr(original, WRAPPED, None) == ops.name:
         report.rope = True
@@ -274,13 +259,13 @@ def fuse(model: torch.nn.Module, ops: FusedOps) -> FusionReport:
         report.kept.append(f"everything (these kernels need {ops.device_type})")
         return report
     captured = any(getattr(m, CAPTURED, False) for m in model.modules())
-    unswapped_mlps = any(_is_gated_mlp(m) and getattr(m.forward, WRAPPED, None) != ops.name for m in model.modules())
+    unswapped_mlps = any(hf.is_gated_mlp(m) and getattr(m.forward, WRAPPED, None) != ops.name for m in model.modules())
     if ops.silu_mul_joined is not None and unswapped_mlps and captured:
         # joining moves the gate/up weights, and graphs captured earlier would read their old memory
         ops = dataclasses.replace(ops, silu_mul_joined=None)
         report.kept.append("gate/up apart (CUDA graphs already captured on this model)")
-    report.norms, kept_norms = swap_forwards(model, ops, _is_rms_norm, _norm_agrees, _norm_forward)
-    report.mlps, kept_mlps = swap_forwards(model, ops, _is_gated_mlp, _mlp_agrees, _mlp_forward)
+    report.norms, kept_norms = swap_forwards(model, ops, hf.is_rms_norm, _norm_agrees, _norm_forward)
+    report.mlps, kept_mlps = swap_forwards(model, ops, hf.is_gated_mlp, _mlp_agrees, _mlp_forward)
     report.kept += kept_norms + kept_mlps
     _fuse_rope(model, ops, report)
     _join_projections(model, ops, report, move_weights=not captured)

@@ -4,7 +4,7 @@
     typedlm feedback export labels.jsonl --feedback-db feedback.sqlite
     typedlm feedback import labels.jsonl --feedback-db merged.sqlite  # skips labels already there (by uid)
 
-`cli.py` registers it (`add_parser`, `run`). A database that cannot be opened, a file that is not one, or a line
+`typedlm.cli` registers it (`add_parser`, `run`). A database that cannot be opened, a file that is not one, or a line
 that is not a label prints one line on stderr and exits 2.
 """
 
@@ -16,10 +16,9 @@ import sys
 import time
 from pathlib import Path
 
+from typedlm.cli.common import EXIT_BAD_INPUT
 from typedlm.core.errors import StoreError
 from typedlm.store.feedback import FeedbackStore
-
-EXIT_BAD_INPUT = 2  # as cli.py's
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
