@@ -1,7 +1,7 @@
 """Document-affinity routing against random routing, on Ray Serve replicas, in one run.
 
-    python benchmarks/affinity.py [--documents 20] [--visits 5] [--replicas 2] [--seed 0] [--out FILE.json]
-    python benchmarks/affinity.py --url http://127.0.0.1:8000     # the workload against a running server
+    python -m benchmarks.affinity [--documents 20] [--visits 5] [--replicas 2] [--seed 0] [--out FILE.json]
+    python -m benchmarks.affinity --url http://127.0.0.1:8000     # the workload against a running server
 
 The workload: `--documents` short tickets, each asked `--visits` times (one noul question), in one shuffled order,
 sent one at a time. Prefix-cache hits are read from /health before and after (summed over the replicas); each
@@ -17,13 +17,14 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import socket
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
+
+from benchmarks.harness import free_port
 
 QUESTION = {"broken": {"type": "noul", "instructions": "Does the customer say something stopped working?"}}
 THINGS = ("printer", "router", "laptop", "phone", "scanner")
@@ -65,19 +66,13 @@ def measure(url: str, documents: int = 20, visits: int = 5, seed: int = 0) -> di
     }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def side_by_side(args: argparse.Namespace) -> dict[str, Any]:
     import ray
     from ray import serve
 
     from typedlm.replicas.app import ReplicaArgs, build_app
 
-    port = _free_port()
+    port = free_port()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port}, logging_config={"log_level": "WARNING"})

@@ -1,6 +1,6 @@
 """A small request's latency while maximal bad requests are being refused, against idle, side by side.
 
-    python benchmarks/bad_requests.py [--repeats 20] [--model M]
+    python -m benchmarks.bad_requests [--repeats 20] [--model M]
 
 One real `typedlm serve` (the embedded model by default). A client sends the README's small request
 `--repeats` times alone (idle), then the same while another client keeps sending maximal bad requests: an
@@ -16,12 +16,12 @@ import statistics
 import sys
 import threading
 import time
-from pathlib import Path
 
 import httpx
-from served import served
 
-SMALL = json.loads((Path(__file__).resolve().parent.parent / "examples" / "request.json").read_text())
+from benchmarks.harness import example_request, served
+
+SMALL = example_request()
 LIMIT = 8 << 20
 BAD = (
     json.dumps({"state": "new text " * (LIMIT // 9 - 100), "questions": {"q": {"type": "noul"}}}).encode(),

@@ -1,7 +1,7 @@
 """The batch job's overhead: `typedlm.jobs.batch.run_batch` (reading JSON Lines, the progress bar, writing records,
 errors per row) against calling `Decider.decide` in a loop over the same requests, side by side.
 
-    python benchmarks/batch_job.py [--rows 40] [--repeats 3] [--model M]
+    python -m benchmarks.batch_job [--rows 40] [--repeats 3] [--model M]
 
 Both run the same rows (new documents, the prefix cache off) alternately, `--repeats` times each; prints rows/s
 of each (medians) and their ratio, and ends with one JSON line.

@@ -2,7 +2,7 @@
 one read) and the model's default now (its shipped calibration file and the order reads it was fitted with),
 timed alternately in one process, with the prefix cache off so each request prefills its document.
 
-    python benchmarks/default_cost.py [--model qwen2.5-coder-0.5b] [--repeats 20]
+    python -m benchmarks.default_cost [--model qwen2.5-coder-0.5b] [--repeats 20]
 
 Prints a table of medians and their ratio; ends with one JSON line.
 """
@@ -13,13 +13,11 @@ import argparse
 import json
 import statistics
 import time
-from pathlib import Path
 
+from benchmarks.harness import example_request
 from typedlm import Decider
 from typedlm.core.questions import parse_request
 from typedlm.runtime.models import load_model
-
-EXAMPLE = Path(__file__).parent.parent / "examples" / "request.json"
 
 
 def main() -> None:
@@ -29,7 +27,7 @@ def main() -> None:
     args = parser.parse_args()
     loaded = load_model(args.model)
     decider = Decider(loaded, prefix_cache_bytes=0)
-    request = parse_request(json.loads(EXAMPLE.read_text(encoding="utf-8")))
+    request = parse_request(example_request())
     setups = {"contextual, 1 read": ("contextual", 1), "default": (decider.calibration, decider.order_reads)}
     times: dict[str, list[float]] = {name: [] for name in setups}
     for method, reads in setups.values():  # warm-up: content-free priors, shapes

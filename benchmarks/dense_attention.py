@@ -1,6 +1,6 @@
 """The questions' share of a batched forward's attention through PyTorch's dense attention kernels (CUDA).
 
-    python benchmarks/dense_attention.py [--documents 16] [--questions 32] [--rows 1200] [--cached 46]
+    python -m benchmarks.dense_attention [--documents 16] [--questions 32] [--rows 1200] [--cached 46]
 
 At Q = 32 most of the cascade kernel's arithmetic is the packed question rows attending to their whole document,
 with no mask: a dense product that the vendor kernels (cuDNN's attention, FlashAttention-2 in PyTorch) may run
@@ -20,7 +20,7 @@ heads, bf16; every document's question rows over its cached prefix and its rows,
 and whether the dense cuDNN call and the variable-length one can be captured in a CUDA graph, against the cascade
 kernel's whole launch at Q and at 1 (the difference is roughly what the question rows cost it). Medians of
 `triton.testing.do_bench` (variable lengths: wall time per call, 5 calls); prints a line per row, writes JSON
-(default results/dense-attention-cuda-<date>.json).
+(default results/dense_attention/DATE-cuda[-label].json).
 """
 
 from __future__ import annotations
@@ -29,14 +29,14 @@ import argparse
 import json
 import time
 from datetime import date
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 import triton
-from kernel_tiles import HEAD_DIM, HEADS, KV_HEADS, ROWS_PER_QUESTION, case, table
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from benchmarks.harness import add_output_arguments, output_path, write_report
+from benchmarks.kernel_tiles import HEAD_DIM, HEADS, KV_HEADS, ROWS_PER_QUESTION, case, table
 from typedlm.ops import cascade_kernel, kernel_blocks
 
 GROUPS = HEADS // KV_HEADS
@@ -136,7 +136,7 @@ def main() -> None:
     parser.add_argument("--questions", type=int, default=32)
     parser.add_argument("--rows", type=int, default=1200, help="new rows per document")
     parser.add_argument("--cached", type=int, default=46, help="cached keys before each document's rows")
-    parser.add_argument("--out", default=None)
+    add_output_arguments(parser, "dense_attention")
     args = parser.parse_args()
     d, n = args.documents, args.cached + args.rows
     m = args.questions * ROWS_PER_QUESTION
@@ -201,13 +201,7 @@ def main() -> None:
               "cudnn": torch.backends.cudnn.version(), "date": date.today().isoformat(), "documents": d,
               "questions": args.questions, "query_rows": m, "keys": n, "shorter_keys": cum_k, "rows": rows,
               "cascade_us": {str(k): v for k, v in cascade.items()}}  # fmt: skip
-    out = (
-        Path(args.out)
-        if args.out
-        else Path(__file__).parent / "results" / f"dense-attention-cuda-{report['date']}.json"
-    )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    out = write_report(report, output_path(args, "dense_attention", "cuda"))
     print(json.dumps({"benchmark": "dense_attention", "out": str(out)}))
 
 

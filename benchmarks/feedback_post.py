@@ -1,7 +1,7 @@
 """What a feedback post costs beside a request: `POST /v1/systemone/feedback` against `POST /v1/systemone`, side by
 side in one run, in process and over HTTP, as the labels accumulate.
 
-    python benchmarks/feedback_post.py [--posts 300] [--questions 2]
+    python -m benchmarks.feedback_post [--posts 300] [--questions 2]
 
 The embedded model on the CPU. Every round asks a request about a new document and posts gold answers about
 another new document, in alternating order (so neither always runs first), first in process (`Decider.respond` /
@@ -11,7 +11,7 @@ its extra over the request is the feedback's own cost; labels accumulate in one 
 so the refits grow with them (each level is fitted on its latest 4096 labels at most). The table gives medians (and
 the 90th percentile) of the request, the post and their difference per round, overall and per hundred labels; the
 difference of two requests of a few hundred ms is noisy, so in process the feedback step (storing the labels and
-learning them) is also timed alone. Ends with one JSON line and writes it under benchmarks/results/.
+learning them) is also timed alone. Ends with one JSON line and writes it to results/feedback_post/DATE[-label].json.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from pathlib import Path
 import httpx
 import uvicorn
 
+from benchmarks.harness import add_output_arguments, output_path, write_report
 from typedlm.decide.decider import Decider
 from typedlm.server import ServerSettings, create_app
 
@@ -83,7 +84,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--posts", type=int, default=300, help="rounds in each of the two ways (default 300)")
     parser.add_argument("--questions", type=int, default=2, choices=(1, 2, 3), help="questions per body")
-    parser.add_argument("--out", default=None, help="the JSON file (default: benchmarks/results/...)")
+    add_output_arguments(parser, "feedback_post")
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="typedlm-feedback-"))
     decider = Decider.load(feedback_db=folder / "feedback.sqlite")
@@ -163,8 +164,7 @@ def main() -> None:
         "results": report,
         "feedback_step": steps,
     }
-    out = Path(args.out or Path(__file__).parent / "results" / f"feedback-post-{result['date']}.json")
-    out.write_text(json.dumps(result, indent=1) + "\n")
+    write_report(result, output_path(args, "feedback_post"))
     print(json.dumps(result))
 
 

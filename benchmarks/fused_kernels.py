@@ -1,6 +1,6 @@
 """The model's own kernels against the fused ones, side by side in one process, on CUDA.
 
-    python benchmarks/fused_kernels.py --random-qwen3-0.6b --tokenizer DIR
+    python -m benchmarks.fused_kernels --random-qwen3-0.6b --tokenizer DIR
 
 Three deciders, each capturing its CUDA graphs in turn:
 
@@ -22,18 +22,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from latency import make_questions, make_state, random_qwen3_06b
-
+from benchmarks.harness import add_model_arguments, load_benchmark_model, make_questions, make_state
 from typedlm.core.options import EngineOptions
 from typedlm.decide.decider import Decider
-from typedlm.runtime.models import load_model
 from typedlm.runtime.patching import unfuse_rope
 
 VARIANTS = {  # captured in this order: `own` before anything is swapped
@@ -98,22 +93,14 @@ def norm_rows(model: torch.nn.Module, questions: list[int], prefix_tokens: int, 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default=None)
-    parser.add_argument("--random-qwen3-0.6b", dest="random_qwen3_06b", action="store_true")
-    parser.add_argument("--tokenizer", default=None)
-    parser.add_argument("--dtype", default="bfloat16")
+    add_model_arguments(parser, device=None, dtype="bfloat16")  # on CUDA
     parser.add_argument("--questions", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--prefix-tokens", type=int, default=1266)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=20)
     args = parser.parse_args()
 
-    def load():
-        if args.random_qwen3_06b:
-            return random_qwen3_06b(Path(args.tokenizer), "cuda", args.dtype)
-        return load_model(args.model, "cuda", args.dtype)
-
-    own_copy, loaded = load(), load()
+    own_copy, loaded = (load_benchmark_model(args, "cuda")[0] for _ in range(2))  # the same seeded weights
     unfuse_rope(loaded.model)
     deciders, slots, work = {}, {}, {}
     for name, options in VARIANTS.items():
@@ -122,14 +109,14 @@ def main() -> None:
         print(f"{name}: {decider.features.fusion or 'the model own kernels'}")
         for q in args.questions:
             questions = work.setdefault(q, make_questions(q))
-            states = [make_state(decider, args.prefix_tokens, v) for v in range(3)]
+            states = [make_state(decider.layout, args.prefix_tokens, v) for v in range(3)]
             for state in states:
                 decider.decide(state, questions)
             slots[name, q] = next(reversed(decider.engine.forward.runner.slots.values()))
     assert deciders["fused"].features.fusion is not None, "liger-kernel is not installed: pip install 'typedlm[cuda]'"
     rows = []
     for q, questions in work.items():
-        states = [make_state(deciders["own"], args.prefix_tokens, v) for v in range(3)]
+        states = [make_state(deciders["own"].layout, args.prefix_tokens, v) for v in range(3)]
         reference = deciders["own"].decide(states[0], questions).answers
         row: dict = {"questions": q}
         turn = iter(range(1 << 30))

@@ -1,7 +1,7 @@
 """Python's garbage collector while serving: its full collections' pauses, with and without `gc.freeze()`.
 
-    python benchmarks/gc_pauses.py                          # CPU, the embedded model's host work
-    python benchmarks/gc_pauses.py --seconds 10 --rounds 1  # a quick look
+    python -m benchmarks.gc_pauses                          # CPU, the embedded model's host work
+    python -m benchmarks.gc_pauses --seconds 10 --rounds 1  # a quick look
 
 A serving process holds about 400,000 Python objects from start-up (torch, transformers, the model, the
 tokenizer), and CPython's full (generation 2) collection walks every one, holding the interpreter lock: no thread
@@ -9,11 +9,11 @@ tokenizes, launches a forward or answers meanwhile. `typedlm serve` freezes what
 (`server.heap.freeze_start_up_objects`); this measures what that changes. The host work of serving runs as fast
 as it can: --documents new documents of P ≈ --prefix-tokens tokens per forward, --questions yes/no questions
 each, prepared and answered by the decider on its static path with the forward replaced by a constant output of
-its size (`request_steps.py --no-forward`), so the collector sees a fast GPU server's allocations. Settings
+its size (`request_steps --no-forward`), so the collector sees a fast GPU server's allocations. Settings
 alternate in one process, --rounds times each, --seconds each: "plain" (everything unfrozen: `gc.unfreeze()`)
 and "frozen" (a collection, then `gc.freeze()`). Per round: documents/s, full collections, their median and
 longest pause, and the share of the time they took. Ends with one JSON line; the JSON goes to
-results/gc-pauses-<device>-<date>.json.
+results/gc_pauses/DATE-DEVICE[-label].json.
 """
 
 from __future__ import annotations
@@ -25,12 +25,20 @@ import json
 import statistics
 import sys
 import time
-from pathlib import Path
 
-from latency import add_model_arguments, load_benchmark_model, make_questions
-from request_steps import without_forward
-from throughput import Documents
-
+from benchmarks.harness import (
+    Documents,
+    add_model_arguments,
+    add_output_arguments,
+    device_kind,
+    load_benchmark_model,
+    make_questions,
+    output_path,
+    table_head,
+    table_row,
+    write_report,
+)
+from benchmarks.request_steps import without_forward
 from typedlm.core.options import EngineOptions
 from typedlm.decide.decider import Decider
 from typedlm.server.heap import freeze_start_up_objects
@@ -65,13 +73,13 @@ def main() -> None:
     parser.add_argument("--prefix-tokens", type=int, default=1266)
     parser.add_argument("--seconds", type=float, default=30.0, help="per round")
     parser.add_argument("--rounds", type=int, default=2, help="rounds of each setting, alternating")
-    parser.add_argument("--out", default=None)
+    add_output_arguments(parser, "gc_pauses")
     args = parser.parse_args()
     loaded, _ = load_benchmark_model(args)
     decider = Decider(loaded, prefix_cache_bytes=0, engine=EngineOptions(cuda_graphs=True))
     without_forward(decider.engine.forward.runner)
     questions = make_questions(args.questions)
-    documents = Documents(decider, args.prefix_tokens)  # throughput.py's: each new
+    documents = Documents(decider.layout, args.prefix_tokens)  # each new
 
     def forward() -> None:  # one forward's documents
         decider.decide_prepared([decider.prepare_request(documents.next(), questions) for _ in range(args.documents)])
@@ -81,8 +89,7 @@ def main() -> None:
     rows = []
     columns = ("round", "setting", "docs/s", "full collections", "median ms", "longest ms", "share of the time",
                "objects walked")  # fmt: skip
-    print(f"| {' | '.join(columns)} |")
-    print("|---:|---|---:|---:|---:|---:|---:|---:|")
+    print(table_head(columns, "rlrrrrrr"))
     for round_, setting in enumerate(["plain", "frozen"] * args.rounds):
         gc.unfreeze()
         if setting == "frozen":
@@ -104,11 +111,8 @@ def main() -> None:
             "seconds": round(seconds, 1),
         }
         rows.append(row)
-        print(
-            f"| {round_ + 1} | {setting} | {row['docs_per_s']} | {len(pauses)} | {row['median_ms'] or '-'} | "
-            f"{row['longest_ms'] or '-'} | {100 * row['share']:.2f}% | {row['objects_walked']} |",
-            flush=True,
-        )
+        cells = (round_ + 1, setting, row["docs_per_s"], len(pauses), row["median_ms"] or "-", row["longest_ms"] or "-")
+        print(table_row((*cells, f"{100 * row['share']:.2f}%", row["objects_walked"])), flush=True)
     gc.unfreeze()
     report = {
         "benchmark": "gc_pauses",
@@ -121,8 +125,7 @@ def main() -> None:
         "prefix_tokens": args.prefix_tokens,
         "rows": rows,
     }
-    out = Path(args.out or Path(__file__).parent / "results" / f"gc-pauses-{args.device}-{datetime.date.today()}.json")
-    out.write_text(json.dumps(report, indent=1) + "\n")
+    write_report(report, output_path(args, "gc_pauses", device_kind(args.device)))
     print(json.dumps(report))
 
 

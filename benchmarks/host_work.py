@@ -1,14 +1,14 @@
 """The host work of one request without the model: tokenizing, packing and writing the static inputs.
 
-    python benchmarks/host_work.py [--questions 1 32] [--repeats 200] [--new-documents] [--tokenizer DIR]
+    python -m benchmarks.host_work [--questions 1 32] [--repeats 200] [--new-documents] [--tokenizer DIR]
                                    [--piece-chars 0 1024]
 
 On a GPU a request's forward is one graph replay, so the Python around it is a visible share of its latency
-(benchmarks/README.md). This times those steps alone, on the CPU, with the embedded model's tokenizer: a
-document of P ≈ 1266 tokens (three take turns, as in latency.py, so their ids are remembered after the
+(docs/performance.md). This times those steps alone, on the CPU, with the embedded model's tokenizer: a
+document of P ≈ 1266 tokens (three take turns, as in latency, so their ids are remembered after the
 warm-up) and Q yes/no questions, as `Decider.decide` and `StaticRunner.run` do them (the prefix-cache
 lookup, the model, the answers and the graph launch are not here). With --new-documents every request brings a
-document of its own (its own first line, as throughput.py's), so each is tokenized as a server meets it;
+document of its own (its own first line, as throughput's), so each is tokenized as a server meets it;
 --tokenizer times another model's tokenizer (a directory); --piece-chars times a new document tokenized whole (0)
 and in pieces of about that many characters side by side (`typedlm.text.pieces`), the layouts taking turns
 request by request. Prints the median µs of each step and ends with one JSON line.
@@ -20,18 +20,12 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
-from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 from transformers import AutoTokenizer
 
-sys.path.insert(0, str(Path(__file__).parent))
-from latency import make_questions, make_state
-
-from typedlm.runtime.models import converted_gguf, embedded_gguf_path
+from benchmarks.harness import embedded_tokenizer_dir, make_questions, make_state
 from typedlm.runtime.packing import PackedItem, pack
 from typedlm.runtime.static_inputs import Document, Shape, Slot
 from typedlm.text.labels import Labeler
@@ -50,11 +44,11 @@ def main() -> None:
         "--piece-chars", type=int, nargs="+", default=[PIECE_CHARS], help="a long document's pieces (0: whole)"
     )
     args = parser.parse_args()
-    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or converted_gguf(embedded_gguf_path()))
+    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or embedded_tokenizer_dir())
     layouts = {chars: ChatLayout(tokenizer, piece_chars=chars) for chars in args.piece_chars}
     layout = layouts[args.piece_chars[0]]
     labels = Labeler(tokenizer, layout.answer_opening).labels("noul", 2)
-    states = [make_state(SimpleNamespace(layout=layout), args.prefix_tokens, v) for v in range(3)]
+    states = [make_state(layout, args.prefix_tokens, v) for v in range(3)]
 
     def state(i: int, q: int) -> str:
         return f"Ticket {q}-{i}.\n{states[0]}" if args.new_documents else states[i % 3]

@@ -1,7 +1,7 @@
 """Hostile but valid clients against a real `typedlm serve`: its memory at the peak and what it keeps after.
 
-    python benchmarks/hostile.py                      # the embedded model, everything below
-    python benchmarks/hostile.py --names 10 --stalled 100 --concurrent 4
+    python -m benchmarks.hostile                      # the embedded model, everything below
+    python -m benchmarks.hostile --names 10 --stalled 100 --concurrent 4
 
 One server (its own process, the model in a process of its own, the defaults otherwise). Phases, in order:
 
@@ -19,7 +19,7 @@ The model's and the HTTP process's resident memory are sampled every 10 ms throu
 retained (after the phase, once its requests are answered) over the start (after a warm-up request), statuses,
 and what /metrics accounts for (the prefix cache and the host caches, in bytes); and for phase 2, the forward
 memory the server estimated (`runtime/budget.py`) beside the model process's measured peak. Ends with one JSON
-line; the JSON goes to results/hostile-<date>.json.
+line; the JSON goes to results/hostile/DATE[-label].json.
 """
 
 from __future__ import annotations
@@ -31,13 +31,12 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from urllib.parse import urlparse
 
 import httpx
 import psutil
-from served import served
 
+from benchmarks.harness import add_output_arguments, output_path, served, table_head, table_row, write_report
 from typedlm.core.errors import LimitExceeded
 from typedlm.core.questions import parse_request
 from typedlm.decide.decider import Decider
@@ -207,7 +206,7 @@ def main() -> int:
     parser.add_argument("--stalled", type=int, default=100, help="connections stalling their bodies")
     parser.add_argument("--body-timeout", type=float, default=30.0)
     parser.add_argument("--shapes", nargs="*", default=list(SHAPES), choices=list(SHAPES))
-    parser.add_argument("--out", default=None, help="JSON path (default: benchmarks/results/hostile-<date>.json)")
+    add_output_arguments(parser, "hostile")
     args = parser.parse_args()
 
     decider = Decider.load(args.model, prefix_cache_bytes=0)  # the same limits as the server's, for the shapes
@@ -262,17 +261,13 @@ def main() -> int:
         phase(f"{args.stalled} stalled bodies beside the largest requests", stalled)
         result["phases"] = phases
         result["limits"] = {shape: n for shape, (n, _, _) in largest_bodies.items()}
-    print("\n| phase | s | peak model MB | retained model MB | peak HTTP MB | retained HTTP MB | caches MB |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    columns = ("phase", "s", "peak model MB", "retained model MB", "peak HTTP MB", "retained HTTP MB", "caches MB")
+    print("\n" + table_head(columns, "lrrrrrr"))
     for row in phases:
         caches = row["prefix_cache_bytes"] + row["host_cache_bytes"]
-        print(
-            f"| {row['phase']} | {row['seconds']} | {row['peak_model_mb']} | {row['retained_model_mb']} | "
-            f"{row['peak_http_mb']} | {row['retained_http_mb']} | {caches:.0f} |"
-        )
-    out = Path(args.out or f"benchmarks/results/hostile-{result['date']}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
+        parts = ("seconds", "peak_model_mb", "retained_model_mb", "peak_http_mb", "retained_http_mb")
+        print(table_row((row["phase"], *(row[part] for part in parts), f"{caches:.0f}")))
+    write_report(result, output_path(args, "hostile"))
     print(json.dumps(result))
     return 0
 

@@ -1,8 +1,8 @@
 """The fused Triton kernels of `ops/triton_ops.py` alone, at a forward's shapes: time, bytes, rate, and settings.
 
-    python benchmarks/kernel_rates.py                       # CUDA; Qwen3-0.6B's widths, 16 documents' rows
-    python benchmarks/kernel_rates.py --rows 20416 34304    # a 16-document forward at Q = 1 and at Q = 32
-    python benchmarks/kernel_rates.py --device cpu --rows 64 --repeats 2   # Triton's interpreter: a smoke run
+    python -m benchmarks.kernel_rates                       # CUDA; Qwen3-0.6B's widths, 16 documents' rows
+    python -m benchmarks.kernel_rates --rows 20416 34304    # a 16-document forward at Q = 1 and at Q = 32
+    python -m benchmarks.kernel_rates --device cpu --rows 64 --repeats 2   # Triton's interpreter: a smoke run
 
 Between the matrix products and the attention, a layer runs three kernels of its own over every row: the
 residual adds fused with their norms (`add_rms_norm`, twice), the q/k norms with the rotary (`norm_rope`) and the
@@ -12,21 +12,21 @@ q/k norms reading the heads of a joined q/k/v product in place, as the model han
 setting of the module's three knobs (`ELEMENTS_PER_PROGRAM`, `COLUMNS_PER_PROGRAM`, `NUM_WARPS`) that the kernel
 reads, and checks that each setting gives the shipped setting's output bit for bit. Median over --repeats
 timings of 10 calls each (CUDA events); the rate is the bytes each call must move over its time, and its share
-of --peak-tbs. Ends with one JSON line; the JSON goes to results/kernel-rates-<device>-<date>.json.
+of --peak-tbs. Ends with one JSON line; the JSON goes to results/kernel_rates/DATE-DEVICE[-label].json.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import itertools
 import json
 import os
 import statistics
 import time
-from pathlib import Path
 
 import torch
+
+from benchmarks.harness import add_output_arguments, device_kind, output_path, table_head, write_report
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTERMEDIATE = 1024, 16, 8, 128, 3072  # Qwen3-0.6B
 KNOBS = {
@@ -100,7 +100,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=[34304], help="rows of the forward (default: 16 docs)")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--peak-tbs", type=float, default=4.8, help="the memory's rate, TB/s (an H200's HBM3e)")
-    parser.add_argument("--out", default=None)
+    add_output_arguments(parser, "kernel_rates")
     args = parser.parse_args()
     if not args.device.startswith("cuda"):
         os.environ["TRITON_INTERPRET"] = "1"  # before Triton is imported: its kernels run on CPU tensors
@@ -109,8 +109,8 @@ def main() -> None:
     dtype = getattr(torch, args.dtype)
     shipped = {name: getattr(triton_ops, name) for name in KNOBS}
     rows_out = []
-    print(f"| rows | kernel | {' | '.join(KNOBS)} | µs | GB/s | share of {args.peak_tbs} TB/s | same output |")
-    print("|---:|---|" + "---:|" * len(KNOBS) + "---:|---:|---:|---|")
+    columns = ("rows", "kernel", *KNOBS, "µs", "GB/s", f"share of {args.peak_tbs} TB/s", "same output")
+    print(table_head(columns, "rl" + "r" * len(KNOBS) + "rrrl"))
     for rows in args.rows:
         for kernel, (call, size) in cases(triton_ops, rows, args.device, dtype).items():
             want = outputs(call())
@@ -145,9 +145,7 @@ def main() -> None:
         "peak_tbs": args.peak_tbs,
         "rows": rows_out,
     }
-    device = "cuda" if args.device.startswith("cuda") else "cpu"
-    out = Path(args.out or Path(__file__).parent / "results" / f"kernel-rates-{device}-{datetime.date.today()}.json")
-    out.write_text(json.dumps(report, indent=1))
+    out = write_report(report, output_path(args, "kernel_rates", device_kind(args.device)))
     print(json.dumps({"benchmark": "kernel_rates", "out": str(out), "rows": len(rows_out)}))
 
 

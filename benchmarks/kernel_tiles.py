@@ -1,8 +1,8 @@
 """The cascade kernel's tile sizes, timed alone on one document and on sixteen (CUDA; Qwen3-0.6B's heads, bf16).
 
-    python benchmarks/kernel_tiles.py
+    python -m benchmarks.kernel_tiles
     git show REV:src/typedlm/ops/cascade_kernel.py > /tmp/before.py
-    python benchmarks/kernel_tiles.py --baseline /tmp/before.py     # another version side by side
+    python -m benchmarks.kernel_tiles --baseline /tmp/before.py     # another version side by side
 
 One layer's attention (`ops.cascade_kernel`) for P cached (default 64) and T = 1200 new rows per document and
 Q = 1 or 32 questions of 31 rows, 1 or 16 documents per launch, under each (rows per program, keys per step,
@@ -10,7 +10,7 @@ warps, stages); `triton.testing.do_bench` medians, and the attention arithmetic'
 head and key seen). The first configuration is the shipped one; the others are checked against its output.
 With `--baseline`, that file's `cascade_attention` is timed right after the shipped module's in every cell and
 checked against it too. Prints a line per configuration, writes JSON (default
-results/kernel-tiles-cuda-<date>.json).
+results/kernel_tiles/DATE-cuda[-label].json).
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ import argparse
 import importlib.util
 import json
 from datetime import date
-from pathlib import Path
 
 import torch
 import triton
 
+from benchmarks.harness import add_output_arguments, output_path, write_report
 from typedlm.ops import cascade_kernel, kernel_blocks
 
 HEADS, KV_HEADS, HEAD_DIM, ROWS_PER_QUESTION, WIDTH = 16, 8, 128, 31, 32
@@ -71,7 +71,7 @@ def table(c: dict, tokens: int) -> torch.Tensor:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default=None)
+    add_output_arguments(parser, "kernel_tiles")
     parser.add_argument("--cached", type=int, default=64, help="cached keys before each document's rows")
     parser.add_argument("--baseline", default=None, help="a file holding another version of ops/cascade_kernel.py")
     parser.add_argument(
@@ -113,9 +113,7 @@ def main() -> None:
         print(f"rows {rows} keys {keys} warps {warps} stages {stages}: " + "; ".join(cells), flush=True)
     report = {"benchmark": "kernel_tiles", "device": torch.cuda.get_device_name(), "torch": torch.__version__,
               "triton": triton.__version__, "date": date.today().isoformat(), "rows": results}  # fmt: skip
-    out = Path(args.out) if args.out else Path(__file__).parent / "results" / f"kernel-tiles-cuda-{report['date']}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    out = write_report(report, output_path(args, "kernel_tiles", "cuda"))
     print(json.dumps({"benchmark": "kernel_tiles", "out": str(out), "rows": len(results)}))
 
 

@@ -8,14 +8,14 @@ questions of S ≈ 31 suffix tokens each. Strategies, all on the same model, sta
   typedlm_cached  the same with the prefix cache warm: the repeated document is not prefilled
   generate        the answers generated as JSON text with `generate` (greedy decode loop), and how often
                   its labels agree with typedlm's argmax
-  <peer>          open peers from PyPI (benchmarks/peers.py), where installed
+  <peer>          open peers from PyPI (`benchmarks.peers`), where installed
 For each Q: median ms over --repeats runs after a warm-up, ms/question, tokens through the model, peak
 memory (CUDA: max allocated; CPU: peak RSS growth), and the ratio to typedlm; per strategy a linear fit
-gives the fixed and marginal (per-question) cost. Prints a table, writes JSON and a PNG plot, and ends
-with one JSON line.
+gives the fixed and marginal (per-question) cost. Prints a table, writes JSON and a PNG plot (results/latency/),
+and ends with one JSON line.
 
-    python benchmarks/latency.py                                     # CPU, the embedded model
-    python benchmarks/latency.py --device cuda --random-qwen3-0.6b   # a Qwen3-0.6B-shaped random model
+    python -m benchmarks.latency                                     # CPU, the embedded model
+    python -m benchmarks.latency --device cuda --random-qwen3-0.6b   # a Qwen3-0.6B-shaped random model
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ import json
 import os
 import re
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -35,45 +34,22 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.harness import (
+    add_model_arguments,
+    add_output_arguments,
+    device_kind,
+    load_benchmark_model,
+    make_questions,
+    make_state,
+    output_path,
+    pyplot,
+    wire,
+    write_report,
+)
 from typedlm.core.options import EngineOptions
-from typedlm.core.questions import NoulQuestion
 from typedlm.decide.decider import Decider
 from typedlm.runtime import hf
-from typedlm.runtime.models import LoadedModel, load_model
 from typedlm.text.prompt import QUESTION_LEAD, question_block
-
-TOPICS = [
-    "a refund", "a late delivery", "a broken screen", "a discount code", "the warranty", "a second charge",
-    "a change of address", "the invoice date", "a cancelled order", "a missing item", "gift wrapping",
-    "a loyalty card", "the return label", "a password reset", "an email from support", "the courier",
-    "a damaged box", "the colour of the case", "a price match", "a bank transfer", "the tracking number",
-    "a store visit", "an angry tone", "a phone call", "a manager", "the battery life", "express shipping",
-    "a subscription", "a coupon", "the size chart", "customs fees", "a replacement unit",
-]  # fmt: skip
-RESULTS = Path(__file__).parent / "results"
-
-
-def make_state(decider: Decider, target_prefix_tokens: int, variant: int = 0) -> str:
-    """A support-ticket thread whose system prompt + document has about `target` tokens (before the question opening,
-    which the prefix also holds)."""
-    lines = []
-    i = 0
-    while True:
-        topic = TOPICS[(i + variant) % len(TOPICS)]
-        lines.append(f"Message {i}: the customer writes about {topic} and order {1000 + i + 97 * variant}.")
-        state = "\n".join(lines)
-        # the document as before the question opening joined the prefix (the same requests as earlier results)
-        if len(decider.layout.encode(decider.layout.document_text(state))) >= target_prefix_tokens:
-            return state
-        i += 1
-
-
-def make_questions(n: int) -> dict[str, NoulQuestion]:
-    return {
-        f"q{i}": NoulQuestion(f"Does the customer, anywhere in this thread, mention {TOPICS[i % len(TOPICS)]} at all?")
-        for i in range(n)
-    }
-
 
 # ---------------------------------------------------------------- strategies: each returns tokens processed
 
@@ -142,11 +118,6 @@ def generate(decider: Decider, state: str, questions: dict) -> tuple[int, dict[s
     return len(ids) + out.shape[1] - len(ids), labels
 
 
-def wire(questions: dict[str, NoulQuestion]) -> dict[str, dict]:
-    """The questions as a /v1/systemone body holds them (what the peers take)."""
-    return {qid: {"type": "noul", "instructions": q.instructions} for qid, q in questions.items()}
-
-
 # ---------------------------------------------------------------- measurement
 
 
@@ -209,42 +180,6 @@ def fit_line(xs: list[int], ys: list[float]) -> tuple[float, float]:
     return my - slope * mx, slope
 
 
-def random_qwen3_06b(tokenizer_dir: Path, device: str, dtype: str) -> LoadedModel:
-    """Qwen3-0.6B's shape (28 layers, d 1024, 16 Q / 8 KV heads, vocab 151936) with random weights."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config
-
-    config = Qwen3Config(
-        vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
-        num_key_value_heads=8, head_dim=128, max_position_embeddings=40960, tie_word_embeddings=True,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
-    model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype, attn_implementation="sdpa").to(device).eval()
-    return LoadedModel(model, AutoTokenizer.from_pretrained(tokenizer_dir), "random-qwen3-0.6b-shape")
-
-
-def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    """The model options every benchmark takes: a model, or random weights in Qwen3-0.6B's shape; device, dtype."""
-    parser.add_argument("--model", default=None, help="default: the embedded model")
-    parser.add_argument(
-        "--random-qwen3-0.6b", dest="random_qwen3_06b", action="store_true", help="random weights, Qwen3-0.6B shape"
-    )
-    parser.add_argument("--tokenizer", default=None, help="tokenizer dir for --random-qwen3-0.6b")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", default=None)
-
-
-def load_benchmark_model(args: argparse.Namespace) -> tuple[LoadedModel, str]:
-    """The model `add_model_arguments`' options name, and its dtype (bfloat16 on CUDA, else float32 by default)."""
-    dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
-    if args.random_qwen3_06b:
-        from typedlm.runtime.models import converted_gguf, embedded_gguf_path
-
-        tokenizer_dir = Path(args.tokenizer) if args.tokenizer else converted_gguf(embedded_gguf_path())
-        return random_qwen3_06b(tokenizer_dir, args.device, dtype), dtype
-    return load_model(args.model, args.device, dtype), dtype
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_arguments(parser)
@@ -253,9 +188,7 @@ def main() -> None:
     parser.add_argument("--prefix-tokens", type=int, default=1266)
     parser.add_argument("--questions", type=int, nargs="+", default=[1, 4, 16, 32])
     parser.add_argument("--strategies", nargs="+", default=None, help="default: all available")
-    parser.add_argument(
-        "--out", default=None, help="JSON path (default: benchmarks/results/latency-<device>-<date>.json)"
-    )
+    add_output_arguments(parser, "latency")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     loaded, dtype = load_benchmark_model(args)
@@ -273,8 +206,7 @@ def main() -> None:
         strategies["typedlm_eager"] = lambda _d, state, qs: typedlm(eager, state, qs)
     peers_wanted = args.strategies is None or not set(args.strategies) <= set(strategies)
     if peers_wanted and args.model is None:
-        sys.path.insert(0, str(Path(__file__).parent))
-        from peers import peer_runners  # runs only the peers that are installed
+        from benchmarks.peers import peer_runners  # runs only the peers that are installed
 
         model_dir = str(loaded.model.config._name_or_path)
         if args.random_qwen3_06b:  # the peers load models from a directory: give them the same weights
@@ -286,7 +218,7 @@ def main() -> None:
     if args.strategies:
         strategies = {k: v for k, v in strategies.items() if k in args.strategies}
 
-    state = make_state(decider, args.prefix_tokens)
+    state = make_state(decider.layout, args.prefix_tokens)
     rows = []
     for q in args.questions:
         questions = make_questions(q)
@@ -343,21 +275,14 @@ def main() -> None:
         "model_mb": round(sum(t.numel() * t.element_size() for t in loaded.model.parameters()) / 2**20, 1),
     }
     report = {**meta, "rows": rows, "fits": fits}
-    out = Path(args.out) if args.out else RESULTS / f"latency-{args.device.split(':')[0]}-{meta['date']}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1) + "\n")
+    out = write_report(report, output_path(args, "latency", device_kind(args.device)))
     plot(report, out.with_suffix(".png"))
     print(json.dumps(report))
 
 
 def plot(report: dict, path: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed: no plot", file=sys.stderr)
+    plt = pyplot()
+    if plt is None:
         return
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for name in dict.fromkeys(r["strategy"] for r in report["rows"]):

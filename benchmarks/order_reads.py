@@ -4,10 +4,11 @@ The rotations are more suffixes in the same packed pass over the same document, 
 less than k single reads. For k = 1..4 this times `Decider.decide(..., order_reads=k)` on a document of
 P ≈ 1266 tokens with Q choice and score questions, with the prefix cache off (a new document each time)
 and warm (the document cached: only the suffixes run); medians of --repeats runs after a warm-up, and the
-ratio to k = 1 measured in the same run. Prints a table and ends with one JSON line.
+ratio to k = 1 measured in the same run. Prints a table, writes JSON (results/order_reads/) and ends with one JSON
+line.
 
-    python benchmarks/order_reads.py                       # CPU, the embedded model
-    python benchmarks/order_reads.py --device cuda --random-qwen3-0.6b --tokenizer DIR
+    python -m benchmarks.order_reads                       # CPU, the embedded model
+    python -m benchmarks.order_reads --device cuda --random-qwen3-0.6b --tokenizer DIR
 """
 
 from __future__ import annotations
@@ -15,21 +16,23 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from datetime import date
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from latency import make_state, random_qwen3_06b
-
+from benchmarks.harness import (
+    add_model_arguments,
+    add_output_arguments,
+    device_kind,
+    load_benchmark_model,
+    make_state,
+    output_path,
+    write_report,
+)
 from typedlm.core.questions import ChoiceQuestion, ScoreQuestion
 from typedlm.decide.decider import Decider
-from typedlm.runtime.models import load_model
 
-RESULTS = Path(__file__).parent / "results"
 TOPICS = ("billing", "shipping", "returns", "account access", "product quality", "other")
 
 
@@ -60,26 +63,18 @@ def timed(fn, repeats: int, sync) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default=None, help="default: the embedded model")
-    parser.add_argument("--random-qwen3-0.6b", dest="random_qwen3_06b", action="store_true")
-    parser.add_argument("--tokenizer", default=None)
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", default=None)
+    add_model_arguments(parser)
     parser.add_argument("--questions", type=int, default=4)
     parser.add_argument("--reads", type=int, nargs="+", default=[1, 2, 3, 4])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--prefix-tokens", type=int, default=1266)
-    parser.add_argument("--out", default=None)
+    add_output_arguments(parser, "order_reads")
     args = parser.parse_args()
-    dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
-    if args.random_qwen3_06b:
-        loaded = random_qwen3_06b(Path(args.tokenizer), args.device, dtype)
-    else:
-        loaded = load_model(args.model, args.device, dtype)
+    loaded, dtype = load_benchmark_model(args)
     sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
     fresh = Decider(loaded, prefix_cache_bytes=0, calibration="raw")
     cached = Decider(loaded, calibration="raw")
-    state, questions = make_state(fresh, args.prefix_tokens), make_questions(args.questions)
+    state, questions = make_state(fresh.layout, args.prefix_tokens), make_questions(args.questions)
     rows = []
     for name, decider in (("new document", fresh), ("cached document", cached)):
         for k in args.reads:
@@ -103,9 +98,7 @@ def main() -> None:
         "repeats": args.repeats,
         "rows": rows,
     }
-    out = Path(args.out) if args.out else RESULTS / f"order-reads-{args.device.split(':')[0]}-{report['date']}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1) + "\n")
+    write_report(report, output_path(args, "order_reads", device_kind(args.device)))
     print(json.dumps(report))
 
 

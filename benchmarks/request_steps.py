@@ -1,7 +1,7 @@
 """Where one request's time goes: the steps of `Decider.decide`, timed one by one.
 
-    python benchmarks/request_steps.py --device cuda --random-qwen3-0.6b --tokenizer DIR [--questions 1 32]
-    python benchmarks/request_steps.py                       # CPU, the embedded model
+    python -m benchmarks.request_steps --device cuda --random-qwen3-0.6b --tokenizer DIR [--questions 1 32]
+    python -m benchmarks.request_steps                       # CPU, the embedded model
 
 A request is host work (tokenizing, the prefix-cache lookup, packing, writing the static inputs, reading the
 masses, calibrating, building the answers) around one forward (on CUDA: one graph replay). Each step's
@@ -30,19 +30,14 @@ import itertools
 import json
 import math
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from latency import make_questions, make_state, random_qwen3_06b
-
+from benchmarks.harness import add_model_arguments, load_benchmark_model, make_questions, make_state
 from typedlm.core.options import EngineOptions
 from typedlm.decide.decider import Decider
 from typedlm.runtime import forwards, static_inputs
-from typedlm.runtime.models import load_model
 
 NOTES: list[tuple[str, float]] = []
 
@@ -138,7 +133,8 @@ def without_forward(runner) -> None:
 def measure(decider: Decider, args, q: int, n: int, sync) -> dict:
     """One row: Q = `q` questions on each of `n` new documents per forward, `args.repeats` forwards."""
     questions = make_questions(q)
-    states = [make_state(decider, args.prefix_tokens, v) for v in range(max(3, 2 * n))]  # no two alike in a forward
+    # no two alike in a forward
+    states = [make_state(decider.layout, args.prefix_tokens, v) for v in range(max(3, 2 * n))]
 
     def documents(i: int) -> list[str]:
         return [states[(i * n + j) % len(states)] for j in range(n)]
@@ -194,11 +190,7 @@ def measure(decider: Decider, args, q: int, n: int, sync) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default=None, help="default: the embedded model")
-    parser.add_argument("--random-qwen3-0.6b", dest="random_qwen3_06b", action="store_true")
-    parser.add_argument("--tokenizer", default=None, help="tokenizer dir for --random-qwen3-0.6b")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", default=None)
+    add_model_arguments(parser)
     parser.add_argument("--questions", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--prefix-tokens", type=int, default=1266)
     parser.add_argument("--repeats", type=int, default=40)
@@ -206,11 +198,10 @@ def main() -> None:
     parser.add_argument("--documents", type=int, nargs="+", default=[1], help="new documents per forward")
     parser.add_argument("--profile", action="store_true", help="CUDA: the GPU time by kernel (see above)")
     args = parser.parse_args()
-    if args.random_qwen3_06b:
-        loaded = random_qwen3_06b(Path(args.tokenizer), args.device, args.dtype or "bfloat16")
-    else:
-        loaded = load_model(args.model, args.device, args.dtype)
-    # as latency.py's typedlm: the document prefilled each time
+    if args.random_qwen3_06b and args.dtype is None:  # this benchmark's random weights: bfloat16 on any device
+        args.dtype = "bfloat16"
+    loaded, _ = load_benchmark_model(args)
+    # as latency's typedlm: the document prefilled each time
     decider = Decider(loaded, prefix_cache_bytes=0, engine=EngineOptions(cuda_graphs=True if args.no_forward else None))
     cuda = args.device.startswith("cuda")
     sync = (lambda: torch.cuda.synchronize(args.device)) if cuda else (lambda: None)

@@ -1,10 +1,10 @@
 """The server's own CPU per request, thread by thread: what HTTP costs around the model.
 
-    python benchmarks/server_overhead.py                  # a tiny random Qwen3 (the embedded tokenizer), CPU
-    python benchmarks/server_overhead.py --model ID_OR_PATH [--device cuda]
+    python -m benchmarks.server_overhead                  # a tiny random Qwen3 (the embedded tokenizer), CPU
+    python -m benchmarks.server_overhead --model ID_OR_PATH [--device cuda]
 
 The real server (`create_app`, run as `typedlm serve` runs it: uvicorn, the head-deadline protocol, no access
-log) in a thread of this process; --clients clients in another process (`http_clients.py`) send --requests
+log) in a thread of this process; --clients clients in another process (`benchmarks.http_clients`) send --requests
 requests of a new document (P ≈ --prefix-tokens) and --questions yes/no questions each. Every thread of this
 process is timed by the kernel's CPU accounting (psutil) over the measured requests: the event loop's thread
 (HTTP parsing, the routes, JSON in and out, the metrics) is the one HTTP adds; the others are the model worker's
@@ -19,34 +19,14 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
-from pathlib import Path
 
 import psutil
-import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from http_clients import ClientProcesses, served
-from latency import make_questions
-
+from benchmarks.harness import ClientProcesses, make_questions, served_app, tiny_qwen3, wire
 from typedlm.decide.decider import Decider
-from typedlm.runtime.models import LoadedModel, converted_gguf, embedded_gguf_path, load_model
+from typedlm.runtime.models import load_model
 from typedlm.server import create_app
 from typedlm.server.settings import ServerSettings
-
-
-def tiny_qwen3() -> LoadedModel:
-    """A 2-layer random Qwen3 over the embedded model's tokenizer: the forward costs little, the host work is real."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config
-
-    tokenizer = AutoTokenizer.from_pretrained(converted_gguf(embedded_gguf_path()))
-    config = Qwen3Config(
-        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, max_position_embeddings=4096,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa").eval()
-    return LoadedModel(model, tokenizer, "tiny-qwen3")
 
 
 def cpu_by_thread() -> dict[int, float]:
@@ -54,15 +34,13 @@ def cpu_by_thread() -> dict[int, float]:
 
 
 def one_round(decider: Decider, args: argparse.Namespace, round_: int) -> dict:
-    questions = {
-        qid: {"type": "noul", "instructions": q.instructions} for qid, q in make_questions(args.questions).items()
-    }
+    questions = wire(make_questions(args.questions))
     line = "Message {i}: the customer writes about a refund for order {i}, charged twice last week. "
     base = "".join(line.format(i=i) for i in range(args.prefix_tokens // 20))
     per_client = max(1, args.requests // args.clients)
     warmup = 2
     app = create_app(decider, ServerSettings(max_queue=10_000, request_timeout_s=600))
-    with served(app) as (url, thread):
+    with served_app(app) as (url, thread):
         job = {
             "url": url, "questions": questions, "clients": args.clients, "warmup": warmup, "requests": per_client,
             "documents": [f"Ticket {round_}-{i}.\n{base}" for i in range(args.clients * (warmup + per_client))],

@@ -1,6 +1,6 @@
 """Soak: many requests over many distinct documents against a real `typedlm serve`, its memory sampled.
 
-    python benchmarks/soak.py --requests 100000 --documents 5000 --clients 4 [--model M] [--out FILE]
+    python -m benchmarks.soak --requests 100000 --documents 5000 --clients 4 [--model M] [--out FILE]
 
 The server runs as its own process (the embedded model by default, prefix cache on); `--clients` threads send
 /v1/systemone requests whose documents cycle through `--documents` distinct texts (so the prefix cache fills,
@@ -9,7 +9,7 @@ RSS (from /proc) of the HTTP process and of the model's process is sampled every
 with what /metrics accounts for (the prefix cache's and the host caches' bytes). Prints the curve as a table
 and ends with one JSON line: requests, statuses by code, 5xx count, connection errors, RSS at 10% and at the
 end, their ratio; the model process's growth from its first sample, against the growth of what /metrics
-accounts for.
+accounts for. The JSON, the curve included, goes to results/soak/DATE[-label].json.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from pathlib import Path
 import httpx
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
-from served import served
+
+from benchmarks.harness import add_output_arguments, output_path, served, write_report
 
 QUESTIONS = {
     "billing": {"type": "noul", "instructions": "Is this message about billing?"},
@@ -99,7 +100,7 @@ def main() -> int:
     parser.add_argument("--sample-every", type=int, default=1_000)
     parser.add_argument("--model", default=None)
     parser.add_argument("--prefix-cache-mb", type=int, default=1024)
-    parser.add_argument("--out", default=None, help="JSON path (default: benchmarks/results/soak-<date>.json)")
+    add_output_arguments(parser, "soak")
     args = parser.parse_args()
     options = ["--prefix-cache-mb", str(args.prefix_cache_mb), "--max-queue", str(4 * args.clients)]
     with served(*options, *(["--model", args.model] if args.model else [])) as (url, server):
@@ -168,9 +169,7 @@ def main() -> int:
             "requests_per_s": args.requests / curve[-1]["seconds"],
             "curve": curve,
         }
-        out = Path(args.out or f"benchmarks/results/soak-{result['date']}.json")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=1) + "\n")
+        write_report(result, output_path(args, "soak"))
         print(json.dumps({k: v for k, v in result.items() if k != "curve"}))
         return 0 if result["server_errors"] == 0 and errors == 0 else 1
 

@@ -1,12 +1,12 @@
-"""Markdown tables from a latency.py results file, for benchmarks/README.md.
+"""Markdown tables from latency's results files, for docs/performance.md.
 
-python benchmarks/table.py benchmarks/results/latency-cuda-2026-11-29.json
+python -m benchmarks.table benchmarks/results/latency/2026-11-29-cuda.json
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 
 
 def tables(report: dict) -> str:
@@ -53,7 +53,13 @@ def tables(report: dict) -> str:
     return "\n".join(out)
 
 
-if __name__ == "__main__":
-    for path in sys.argv[1:]:
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("paths", nargs="+", help="results files of latency")
+    for path in parser.parse_args().paths:
         with open(path, encoding="utf-8") as f:
             print(tables(json.load(f)) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -10,7 +10,7 @@ prefix cache is off), through one of four paths:
                flight of the batching rows (2, the server's: the next launched while the last is finished; 1:
                one at a time)
   http         the real server (uvicorn, `create_app`) on a loopback port, in a thread of this process; the
-               clients over HTTP (httpx) in --client-processes processes of their own (`http_clients.py`), so
+               clients over HTTP (httpx) in --client-processes processes of their own (`http_clients`), so
                that their Python does not share the server's interpreter lock; batching off is the server with
                `--max-batch 1` (its own forwards in flight as ever); the model in the server's process
                (`typedlm serve --no-model-process`)
@@ -45,8 +45,8 @@ processes do, this one freezes start-up's objects out of the garbage collector's
 (`server/heap.py`, `gc_pauses.py`; --no-gc-freeze leaves them in). Prints a table, writes JSON and a PNG plot, and
 ends with one JSON line.
 
-    python benchmarks/throughput.py                                   # CPU, the embedded model
-    python benchmarks/throughput.py --device cuda --random-qwen3-0.6b --tokenizer DIR
+    python -m benchmarks.throughput                                   # CPU, the embedded model
+    python -m benchmarks.throughput --device cuda --random-qwen3-0.6b --tokenizer DIR
 """
 
 from __future__ import annotations
@@ -56,17 +56,32 @@ import asyncio
 import functools
 import itertools
 import json
-import os
-import platform
 import statistics
 import sys
 import time
 from collections.abc import Callable
-from datetime import date
 from pathlib import Path
 
 import torch
 
+from benchmarks.gpu_clocks import GpuClocks
+from benchmarks.harness import (
+    ClientProcesses,
+    Documents,
+    add_model_arguments,
+    add_output_arguments,
+    device_kind,
+    host_cpu,
+    load_benchmark_model,
+    make_questions,
+    output_path,
+    pyplot,
+    report_head,
+    served_app,
+    table_head,
+    wire,
+    write_report,
+)
 from typedlm.core.options import EngineOptions
 from typedlm.core.questions import parse_request
 from typedlm.decide.decider import Decider
@@ -75,27 +90,10 @@ from typedlm.server.model_process import ModelProcess
 from typedlm.server.settings import ServerSettings
 from typedlm.server.worker import GATHER_GAP_S, HOST_THREADS, PIPELINE_DEPTH, ModelWorker
 
-sys.path.insert(0, str(Path(__file__).parent))
-from gpu_clocks import GpuClocks
-from latency import add_model_arguments, load_benchmark_model, make_questions, make_state
-
-RESULTS = Path(__file__).parent / "results"
 CLIENT_PROCESSES = 4  # the HTTP rows' client processes (at most one per client)
 PATHS = ("in_process", "model_process", "http", "http_model_process")
 KERNEL = {"auto": None, "kernel": True, "torch": False}  # --attention → EngineOptions.attention_kernel
 WORKLOADS = {"long": (1266, (1, 4, 32)), "short": (200, (4,))}  # name → (prefix tokens, question counts)
-
-
-class Documents:
-    """New documents of about the same length: one base text, each copy opened by its own ticket line."""
-
-    def __init__(self, decider: Decider, prefix_tokens: int):
-        self.base = make_state(decider, prefix_tokens - 8)
-        self.count = 0
-
-    def next(self) -> str:
-        self.count += 1
-        return f"Ticket {self.count} (ref. {self.count * 7919 % 100003}).\n{self.base}"
 
 
 class GpuBusy:
@@ -156,39 +154,6 @@ class Forwards:
 def non_embedding_params(model: torch.nn.Module) -> int:
     embedding = model.get_input_embeddings().weight.numel()
     return sum(p.numel() for p in model.parameters()) - embedding  # a tied head is the embedding, counted once
-
-
-def host_cpu() -> dict:
-    """The CPU this process runs on, and how loaded the machine was before the run."""
-    lines = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []
-    names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
-    return {
-        "cpu": names[0] if names else platform.processor(),
-        "cpus": os.cpu_count(),
-        "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-        "load_1m": os.getloadavg()[0],
-    }
-
-
-def report_head(benchmark: str, decider: Decider, device: str, dtype: str) -> dict:
-    """What every report of these benchmarks opens with: the benchmark, model, device, dtype, torch and date."""
-    return {
-        "benchmark": benchmark,
-        "model": decider.name,
-        "device": torch.cuda.get_device_name() if device.startswith("cuda") else device,
-        "dtype": dtype,
-        "torch": torch.__version__,
-        "date": date.today().isoformat(),
-    }
-
-
-def write_report(report: dict, out: str | None, device: str) -> Path:
-    """`report` as JSON at `out`, by default results/<benchmark, dashed>-<device's kind>-<date>.json."""
-    name = f"{report['benchmark'].replace('_', '-')}-{device.split(':')[0]}-{report['date']}.json"
-    path = Path(out) if out else RESULTS / name
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
-    return path
 
 
 def wait_shares(before: dict[str, float], after: dict[str, float], seconds: float) -> dict[str, float]:
@@ -316,7 +281,7 @@ def over_http(
     decider: Decider,
     model,
     documents: Documents,
-    wire: dict,
+    wired: dict,
     clients: int,
     per_client: int,
     batching: bool,
@@ -325,10 +290,8 @@ def over_http(
 ) -> dict:
     """The real server (uvicorn, `create_app`) in a thread of this process, on a loopback port, answering with
     `decider` here or, given one, with `model` (a `ModelProcess` of the same decider); the clients in `processes`
-    processes of their own (`http_clients.py`), so that they do not share the server's interpreter lock. Batching
-    off is the server run with `--max-batch 1`."""
-    from http_clients import ClientProcesses, served
-
+    processes of their own (`benchmarks.http_clients`), so that they do not share the server's interpreter lock.
+    Batching off is the server run with `--max-batch 1`."""
     from typedlm.server import create_app
 
     app = create_app(model or decider, server_settings(decider, batching))
@@ -337,12 +300,12 @@ def over_http(
     runner = getattr(decider.engine.forward, "runner", None) if model is None else None  # not seen in another process
     monitor = GpuBusy(runner) if runner is not None and runner.device.type == "cuda" else None
     shares = [clients // processes + (i < clients % processes) for i in range(min(processes, clients))]
-    with served(app) as (url, _):
+    with served_app(app) as (url, _):
         jobs = []
         for share in shares:
             documents_of_share = [documents.next() for _ in range(share * (warmup + per_client))]
             jobs.append(
-                {"url": url, "questions": wire, "clients": share, "warmup": warmup, "requests": per_client,
+                {"url": url, "questions": wired, "clients": share, "warmup": warmup, "requests": per_client,
                  "documents": documents_of_share}
             )  # fmt: skip
         loads = ClientProcesses(jobs)
@@ -359,7 +322,7 @@ def over_http(
             if monitor is not None:
                 monitor.close()
     latencies = [seconds for result in results for seconds in result["latencies"]]
-    summary = summarise(latencies, max(result["end"] for result in results) - started, len(wire), forwards)
+    summary = summarise(latencies, max(result["end"] for result in results) - started, len(wired), forwards)
     gpu_busy, gpu_ms_per_doc = gpu or (None, None)
     return {**summary, "gpu_busy": gpu_busy, "gpu_ms_per_doc": gpu_ms_per_doc, "client_processes": len(shares)}
 
@@ -380,11 +343,9 @@ def benchmark_decider(args: argparse.Namespace, attention: str) -> Decider:
 
 
 def plot(report: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
+    if plt is None:
+        return
     fig, ax = plt.subplots(figsize=(7, 4))
     for (workload, q, path_name, batching, threads, attention, depth, switch, gap), rows in _series(report).items():
         xs = [row["clients"] for row in rows]
@@ -444,13 +405,13 @@ def measure(
     default_switch = sys.getswitchinterval()
     for workload in args.workloads:
         prefix_tokens, counts = WORKLOADS[workload]
-        documents = Documents(decider, prefix_tokens)
+        documents = Documents(decider.layout, prefix_tokens)
         for q in counts:
             if args.questions and q not in args.questions:
                 continue
             questions = make_questions(q)
-            wire = {qid: {"type": "noul", "instructions": question.instructions} for qid, question in questions.items()}
-            assert parse_request({"state": "x", "questions": wire}).questions == questions
+            wired = wire(questions)
+            assert parse_request({"state": "x", "questions": wired}).questions == questions
             for path in args.paths:
                 batchings = (True,) if args.no_unbatched else (True, False)
                 threads = args.host_threads if path == "in_process" else [HOST_THREADS]
@@ -479,7 +440,7 @@ def measure(
                         else:
                             model = models.get(attention, batching) if path == "http_model_process" else None
                             row = over_http(
-                                each, model, documents, wire, clients, per_client, batching, args.warmup,
+                                each, model, documents, wired, clients, per_client, batching, args.warmup,
                                 args.client_processes,
                             )  # fmt: skip
                     row.update(clocks.summary())
@@ -573,7 +534,7 @@ def main() -> None:
         "--no-gc-freeze", action="store_true", help="leave start-up's objects in the collector's walks (see above)"
     )
     parser.add_argument("--peak-tflops", type=float, default=None, help="matrix rate (default: 790 on CUDA)")
-    parser.add_argument("--out", default=None, help="JSON path (default: results/throughput-<device>-<date>.json)")
+    add_output_arguments(parser, "throughput")
     args = parser.parse_args()
     host = host_cpu()  # before loading: the load average is the machine's, not this run's
     loaded, dtype = load_benchmark_model(args)
@@ -584,13 +545,12 @@ def main() -> None:
     print(f"{decider.name} on {args.device} ({dtype}); {params / 1e6:.1f} M non-embedding parameters", flush=True)
     for attention, each in deciders.items():
         print(f"attention {attention}: {each.features.summary()}")
-    columns = " | ".join(
-        ("workload", "Q", "path", "attention", "batching", "pipeline", "gather ms", "switch ms", "host threads",
-         "clients", "docs/s", "questions/s", "p50 ms", "p99 ms", "mean batch", "of matrix rate", "GPU busy",
-         "GPU ms/doc", "graphs", "SM MHz", "CPU ms/doc", "model thread waits: slot / requests")
+    columns = (
+        "workload", "Q", "path", "attention", "batching", "pipeline", "gather ms", "switch ms", "host threads",
+        "clients", "docs/s", "questions/s", "p50 ms", "p99 ms", "mean batch", "of matrix rate", "GPU busy",
+        "GPU ms/doc", "graphs", "SM MHz", "CPU ms/doc", "model thread waits: slot / requests",
     )  # fmt: skip
-    print(f"| {columns} |")
-    print("|---|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print(table_head(columns, "lrlllrrrrrrrrrrrrrrrrr"))
     with ModelProcesses(args, decider) as model_processes:
         frozen = 0 if args.no_gc_freeze else freeze_start_up_objects()
         rows = measure(args, deciders, params, peak, model_processes)
@@ -603,7 +563,7 @@ def main() -> None:
         "gc_frozen_objects": frozen,
         "rows": rows,
     }
-    out = write_report(report, args.out, args.device)
+    out = write_report(report, output_path(args, "throughput", device_kind(args.device)))
     plot(report, out.with_suffix(".png"))
     print(json.dumps({"benchmark": "throughput", "out": str(out), "rows": len(rows)}))
 

@@ -1,9 +1,9 @@
 """Where a throughput cell's time goes: the model worker's timeline, and why the device waited when it did.
 
-    python benchmarks/worker_timeline.py                                                          # CPU
-    python benchmarks/worker_timeline.py --device cuda --random-qwen3-0.6b --tokenizer DIR --cells 1:32 32:32
+    python -m benchmarks.worker_timeline                                                          # CPU
+    python -m benchmarks.worker_timeline --device cuda --random-qwen3-0.6b --tokenizer DIR --cells 1:32 32:32
 
-Each cell is `throughput.py`'s in-process cell (`Q:clients`, optionally `:pipeline` and `:on`/`:off` for
+Each cell is throughput's in-process cell (`Q:clients`, optionally `:pipeline` and `:on`/`:off` for
 batching; new documents of P ≈ 1266 tokens, the prefix cache off), with its requests' steps timed on the host
 clock: per request, its preparation (tokenizing, labels, limits) on a host thread; per forward, the model thread's
 launch, the device's span (CUDA events recorded around the launch, put on the host clock by one event recorded
@@ -20,10 +20,10 @@ finishing thread's wait and answers. Per cell it prints:
 - with one client, a request's chain step by step (prepared, queued, launched, on the device, finished, the
   client's next request), where one client's latency goes.
 
-`throughput.py`'s "model thread waits" column says which side set the pace over a whole cell; this says, gap
+Throughput's "model thread waits" column says which side set the pace over a whole cell; this says, gap
 by gap, why the device idled. `--piece-chars 0` tokenizes each new document whole instead of in pieces side by side
 (`typedlm.text.pieces`), to compare the two. Ends with one JSON line; the JSON goes to
-results/worker-timeline-<device>-<date>.json.
+results/worker_timeline/DATE-DEVICE[-label].json.
 """
 
 from __future__ import annotations
@@ -37,9 +37,21 @@ import time
 from dataclasses import dataclass
 
 import torch
-from latency import add_model_arguments, load_benchmark_model, make_questions
-from throughput import Documents, GpuBusy, attention_decider, host_cpu, report_head, run_clients, write_report
 
+from benchmarks.harness import (
+    Documents,
+    add_model_arguments,
+    add_output_arguments,
+    device_kind,
+    host_cpu,
+    load_benchmark_model,
+    make_questions,
+    output_path,
+    report_head,
+    table_head,
+    write_report,
+)
+from benchmarks.throughput import GpuBusy, attention_decider, run_clients
 from typedlm.decide.decider import Decider
 from typedlm.server.heap import freeze_start_up_objects
 from typedlm.server.worker import HOST_THREADS, PIPELINE_DEPTH, ModelWorker
@@ -228,7 +240,7 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument("--requests", type=int, default=256, help="requests per cell (at least 2 per client)")
     parser.add_argument("--warmup", type=int, default=4, help="requests per client before a cell is measured")
-    parser.add_argument("--out", default=None, help="JSON path (default: results/worker-timeline-<device>-<date>.json)")
+    add_output_arguments(parser, "worker_timeline")
     parser.add_argument("--piece-chars", type=int, default=PIECE_CHARS, help="a new document's pieces (0: whole)")
     args = parser.parse_args()
     host = host_cpu()
@@ -236,15 +248,15 @@ def main() -> None:
     decider = attention_decider(loaded, "auto")
     if args.piece_chars != PIECE_CHARS:  # the same layout but for how a new document is cut
         decider.layout = ChatLayout(loaded.tokenizer, decider.prompt_version, piece_chars=args.piece_chars)
-    documents = Documents(decider, PREFIX_TOKENS)
+    documents = Documents(decider.layout, PREFIX_TOKENS)
     frozen = freeze_start_up_objects()  # as `serve` does
     print(f"{decider.name} on {args.device} ({dtype}); {host['cpus']} CPUs, load {host['load_1m']:.2f}", flush=True)
-    print(
-        "| Q | clients | pipeline | batching | docs/s | mean batch | device busy "
-        "| idle ms: requests / slot / launching / other | prepare ms (p90) | launch ms (per doc) "
-        "| finished after device ms |"
-    )
-    print("|---:|---:|---:|---|---:|---:|---:|---|---:|---:|---:|")
+    columns = (
+        "Q", "clients", "pipeline", "batching", "docs/s", "mean batch", "device busy",
+        "idle ms: requests / slot / launching / other", "prepare ms (p90)", "launch ms (per doc)",
+        "finished after device ms",
+    )  # fmt: skip
+    print(table_head(columns, "rrrlrrrlrrr"))
     rows = []
     for q, clients, pipeline, batching in args.cells:
         pipeline = pipeline if batching else 1  # batching off: one forward in flight, the worker before batching
@@ -276,7 +288,7 @@ def main() -> None:
         "gc_frozen_objects": frozen,
         "rows": rows,
     }
-    out = write_report(report, args.out, args.device)
+    out = write_report(report, output_path(args, "worker_timeline", device_kind(args.device)))
     print(json.dumps({"benchmark": "worker_timeline", "out": str(out), "rows": len(rows)}))
 
 

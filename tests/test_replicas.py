@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gzip
-import importlib.util
+import importlib
 import json
 import os
 import re
@@ -200,10 +200,7 @@ def replicas_url(tmp_path_factory):
 
 
 def _benchmark():
-    spec = importlib.util.spec_from_file_location("affinity", ROOT / "benchmarks" / "affinity.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("benchmarks.affinity")
 
 
 def test_repeated_documents_go_to_the_replica_that_has_them(replicas_url):
