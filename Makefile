@@ -64,7 +64,7 @@ bench: install-dev
 	$(PY) -m pip install -q matplotlib
 	# open peers, for side-by-side rows: only their code (their needs are typedlm's own)
 	$(PY) -m pip install -q --no-deps anyjev==0.3.0 llm2jev==0.6.1
-	$(PY) benchmarks/latency.py
+	$(PY) -m benchmarks.latency
 
 clean:
 	rm -rf $(VENV)
