@@ -138,11 +138,11 @@ class Feedback:
             while labels := self._stored(after=self.last_id, limit=SYNC_ROWS):
                 labeled = []
                 for label in labels:
-                    sample = self._sample(label)
-                    if sample is None:
+                    item = self._labeled(label)
+                    if item is None:
                         self.skipped += 1
                         continue
-                    labeled.append(({"exact": label.exact, "family": label.family, "kind": label.kind}, sample))
+                    labeled.append(item)
                     self.families[label.family] = self.families.get(label.family, 0) + 1
                     self.described.setdefault(
                         label.family, {"kind": label.kind, "instructions": label.question.get("instructions")}
@@ -153,12 +153,15 @@ class Feedback:
                 total += len(labels)
             return total
 
-    def _sample(self, label: Label) -> Sample | None:
+    def _labeled(self, label: Label) -> tuple[dict[str, str], Sample] | None:
+        """A stored label as the learner takes it: its question's keys and its sample (None: it cannot be learned
+        here, having no priors where the base needs them)."""
         if self.calibrator.needs_prior and label.priors is None:
             return None
         question = parse_question(label.question, ("question",))
         reads = Reads(label.kind, label.masses, label.priors, label.lengths)
-        return self.calibrator.sample(question, reads, label.gold)
+        keys = {"exact": label.exact, "family": label.family, "kind": label.kind}
+        return keys, self.calibrator.sample(question, reads, label.gold)
 
     def post(
         self,
@@ -233,11 +236,8 @@ class Feedback:
             families = sorted(self.families.items(), key=lambda item: (-item[1], item[0]))
             rows = []
             for family, count in families[:REPORT_MAX_FAMILIES]:
-                labeled = []
-                for label in self._stored(family=family, limit=REPORT_MAX_LABELS, latest=True):
-                    sample = self._sample(label)
-                    if sample is not None:
-                        labeled.append(({"exact": label.exact, "family": label.family, "kind": label.kind}, sample))
+                stored = self._stored(family=family, limit=REPORT_MAX_LABELS, latest=True)
+                labeled = [item for item in map(self._labeled, stored) if item is not None]
                 row = {"family": family, **self.described[family], "labels": count, "measured_on": len(labeled)}
                 rows.append({**row, **_measured(labeled)})
             report = {

@@ -273,20 +273,21 @@ def choose_variant(
     with the lowest cross-validated log loss on these labels (folds by position: `CV_FOLDS`; ties go to the
     first, so list λ from the strongest). A bias moves top answers, so it must earn its place: labels that say
     nothing about one answer being favoured leave it out, and accuracy with it."""
+    splits = []  # (train, test) per fold, the same for every candidate
+    for fold in range(CV_FOLDS):
+        folds = [np.arange(len(rows.gold)) % CV_FOLDS == fold for rows in groups]
+        train = [_subset(rows, ~f) for rows, f in zip(groups, folds) if (~f).any()]
+        test = [_subset(rows, f) for rows, f in zip(groups, folds) if f.any()]
+        if train and test:
+            splits.append((train, test))
     losses = {}
     for variant in VARIANTS:
         for biased in (False, True) if biasable else (False,):
             for shrink in shrinks:
-                total = 0.0
-                for fold in range(CV_FOLDS):
-                    folds = [np.arange(len(rows.gold)) % CV_FOLDS == fold for rows in groups]
-                    train = [_subset(rows, ~f) for rows, f in zip(groups, folds) if (~f).any()]
-                    test = [_subset(rows, f) for rows, f in zip(groups, folds) if f.any()]
-                    if not train or not test:
-                        continue
-                    theta = fit(kind, variant, train, biased, shrink)
-                    total += _loss(kind, variant, theta, biased, test, 0.0)
-                losses[(variant, biased, shrink)] = total
+                losses[(variant, biased, shrink)] = sum(
+                    _loss(kind, variant, fit(kind, variant, train, biased, shrink), biased, test, 0.0)
+                    for train, test in splits
+                )
     return min(losses, key=losses.__getitem__)
 
 
