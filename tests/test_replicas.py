@@ -31,7 +31,6 @@ from typedlm.replicas.fanout import merge_health, merge_metrics
 from typedlm.replicas.forwarding import Forwarded, app_path, run_asgi
 from typedlm.replicas.keys import document_key
 
-ROOT = Path(__file__).resolve().parents[1]
 LIMIT = 8 << 20
 QUESTIONS = {"ok": {"type": "noul", "instructions": "Is the customer happy?"}}
 

@@ -4,9 +4,9 @@ from typedlm import Decider
 decider = Decider.load()  # the embedded SmolLM2-135M-Instruct; Decider.load("Qwen/Qwen3-0.6B") with internet
 decider.respond({"state": "...", "questions": {"q": {"type": "noul", "instructions": "..."}}})
 
-The package is layered; each folder imports only from the ones below it (see the README):
-cli → server | offline → decide → runtime → ops | text → core. The exports below load lazily, so that
-`import typedlm.server` or `import typedlm.core` never imports torch or transformers.
+The package is layered; each folder imports only from the ones below it (docs/architecture.md, "Layers"):
+cli → jobs | replicas → server | offline → decide → runtime → ops | text | store → core. The exports below load
+lazily, so that `import typedlm.server` or `import typedlm.core` never imports torch or transformers.
 """
 
 from __future__ import annotations

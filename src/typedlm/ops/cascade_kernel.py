@@ -31,7 +31,7 @@ import triton.language as tl
 from typedlm.ops import kernel_blocks
 
 LOG2E = 1.4426950408889634
-NUM_WARPS = 4  # these four: the fastest measured on an H200 for Qwen3-0.6B shapes (benchmarks/README.md)
+NUM_WARPS = 4  # these four: the fastest measured on an H200 for Qwen3-0.6B shapes (docs/performance.md, "One request")
 NUM_STAGES = 2
 KEY_BLOCK = 64  # keys per step of the online softmax
 

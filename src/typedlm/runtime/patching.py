@@ -2,9 +2,9 @@
 
 transformers runs a Llama-family layer's small operations as chains of elementwise kernels, in float32 (an
 RMSNorm is six kernels, a rotary embedding about ten). On a GPU, under a CUDA graph, those kernels and their
-memory traffic took more time than the matrix products (see benchmarks/README.md). `fuse(model, ops)` swaps
-each for one kernel of `ops` (a `typedlm.ops.fused.FusedOps`: the Triton kernels, or the same operations in
-plain torch for tests).
+memory traffic took more time than the matrix products (see docs/performance.md, "One request").
+`fuse(model, ops)` swaps each for one kernel of `ops` (a `typedlm.ops.fused.FusedOps`: the Triton kernels, or the
+same operations in plain torch for tests).
 
 Nothing is swapped on trust. Each candidate runs beside the module or function it would replace, on random
 inputs of the model's shapes, dtype and device, and is kept only where the two agree (`agrees`). A family whose

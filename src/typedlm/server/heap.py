@@ -16,7 +16,7 @@ back when it is done. Where the C library is not glibc, nothing changes.
 
 A process that has imported torch and transformers and loaded a model tracks about 400,000 Python objects, nearly
 all kept for its lifetime. CPython's full (generation 2) collection walks every one of them, holding the
-interpreter lock: about 160 ms on a 2-core CPU (benchmarks/README.md, `gc_pauses.py`), every few thousand
+interpreter lock: about 160 ms on a 2-core CPU (docs/performance.md, "CPU", `gc_pauses.py`), every few thousand
 requests when serving, in which no thread tokenizes, launches a forward or answers. `gc.freeze()` moves the objects
 alive now to a permanent generation that collections skip; objects made later are collected as before (a full
 collection then took 0.3 ms). What start-up made and drops later in a reference cycle is not reclaimed; a serving

@@ -7,9 +7,9 @@
 
 In one process the event loop (HTTP, JSON, validation, the response: about 1.7 ms of CPU per request) and the
 model's threads (tokenizing, packing, launching forwards, building answers) take turns on one interpreter lock; under
-load the GPU then waits for the lock (benchmarks/README.md). Here the server's process only parses, validates and
-answers HTTP; the model process (`run_model_process`) runs an `InProcessModel`, its worker, batching and pipeline
-as they are in one process.
+load the GPU then waits for the lock (docs/performance.md, "Many clients"). Here the server's process only parses,
+validates and answers HTTP; the model process (`run_model_process`) runs an `InProcessModel`, its worker, batching
+and pipeline as they are in one process.
 
 Messages, pickled over one pipe:
 

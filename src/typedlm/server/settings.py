@@ -18,7 +18,7 @@ def keys_from_env(environ: dict[str, str] | None = None) -> tuple[str, ...]:
 
 
 # requests one forward may answer by default: several documents per forward pay on a GPU from 8 clients on
-# (benchmarks/README.md); a decider that runs one document per forward (a CPU) takes one whatever this says
+# (docs/performance.md, "Throughput"); a decider that runs one document per forward (a CPU) takes one whatever this says
 DEFAULT_MAX_BATCH = 64
 
 

@@ -18,7 +18,8 @@ waits a little for more requests: until `gather_gap_s` passes without one arrivi
 a few milliseconds of each other; without the wait the next batch is launched with the first of them and the
 rest wait for the one after. With nothing in flight a batch is launched at once (a lone client waits for
 nothing). Off by default (`GATHER_GAP_S` = 0): on an H200 with two forwards in flight it left the mean batch
-where it was (10 requests at 32 clients) and the rates within the runs' noise (benchmarks/README.md).
+where it was (10 requests at 32 clients) and the rates within the runs' noise (docs/performance.md, "Measured and
+not kept").
 
 A call that cannot be batched (`submit`) runs alone, once the forwards in flight are done. A batch whose forward
 fails is answered again one request at a time, so a request gets an error only where it fails on its own (a
