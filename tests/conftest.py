@@ -30,6 +30,11 @@ FAMILIES = ("qwen3", "llama", "gemma3")
 # posted to this machine's default database would otherwise change their answers.
 os.environ["TYPEDLM_FEEDBACK_DB"] = "none"
 
+# Under pytest-xdist (`make test` runs one worker per core) every worker shares the cores: torch's threads are split
+# between them, so that two workers on two cores do not each run two threads.
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
 needs_triton = pytest.mark.skipif(not kernel_available(), reason="Triton is not installed")
 
 
