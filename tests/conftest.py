@@ -1,12 +1,17 @@
-"""Shared fixtures: the real embedded model, its tokenizer, and tiny random models of several families.
+"""Shared fixtures: the real embedded model, its tokenizer, tiny random models of several families, and the fake
+language model (`typedlm.runtime.fake`).
 
 Tiny models use the embedded model's real tokenizer and chat template (vocabulary 49152), so their
 prompts, labels and token boundaries are real; only the weights are random. Exactness tests compare
 the packed one-pass readout with an independent full forward per question (see `reference_masses`).
+
+The fake model uses that tokenizer too, behind a real `Decider`: everything but the model runs as it does on a real
+one (`fake_lm_decider`, `decider_on_fake`), for tests whose subject is not the model.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -19,9 +24,18 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, Gemma3TextConfig, LlamaConfig, Qwen3Config
 
+from typedlm.decide.calibration import shipped_calibration
 from typedlm.decide.decider import Decider
 from typedlm.ops.attention import kernel_available
-from typedlm.runtime.models import LoadedModel, converted_gguf, embedded_gguf_path, load_model
+from typedlm.runtime.fake import FAKE_NAME, fake_model
+from typedlm.runtime.models import (
+    EMBEDDED_MODEL,
+    LoadedModel,
+    converted_gguf,
+    embedded_gguf_path,
+    load_model,
+    model_fingerprint,
+)
 from typedlm.text.labels import LabelSet
 
 FAMILIES = ("qwen3", "llama", "gemma3")
@@ -115,6 +129,30 @@ def real_decider():
     return Decider(load_model(None, "cpu", "float32"), calibration="raw", choice_answers="letters")
 
 
+EMBEDDED_CONTEXT = 8192  # the embedded model's context: the fake's in `fake_lm_decider`, so limits read the same
+
+
+def decider_on_fake(
+    tokenizer, *, name: str = FAKE_NAME, max_positions: int = EMBEDDED_CONTEXT, fitted: bool = False, **options
+) -> Decider:
+    """A decider on the fake language model (`typedlm.runtime.fake`) with `tokenizer`; raw calibration unless
+    `options` say otherwise. With `fitted`, it has the calibration file shipped for the embedded model, made out to
+    the fake's fingerprint: its fitted path runs as the embedded model's does (its numbers mean nothing here)."""
+    loaded = fake_model(tokenizer, name, max_positions=max_positions)
+    if fitted:
+        shipped = shipped_calibration(EMBEDDED_MODEL)
+        fingerprint = model_fingerprint(loaded.model)
+        options["calibration_file"] = dataclasses.replace(shipped, model=name, fingerprint=fingerprint)
+    return Decider(loaded, **{"calibration": "raw", **options})
+
+
+@pytest.fixture(scope="session")
+def fake_lm_decider(tokenizer):
+    """`real_decider`'s settings on the fake language model: raw calibration, options read by letter, a fitted
+    file (the embedded model's numbers), the embedded model's context."""
+    return decider_on_fake(tokenizer, fitted=True, choice_answers="letters")
+
+
 @torch.inference_mode()
 def reference_masses(model, full_ids: list[int], labels: LabelSet) -> list[float]:
     """Brute force: one full forward (with LM head) per label node, no cache, the model's own masks."""
@@ -161,6 +199,15 @@ def server_url(real_decider):
     from typedlm.server import ServerSettings, create_app
 
     with ServerThread(create_app(real_decider, ServerSettings())) as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def fake_lm_server_url(fake_lm_decider):
+    """A real server on `fake_lm_decider`."""
+    from typedlm.server import ServerSettings, create_app
+
+    with ServerThread(create_app(fake_lm_decider, ServerSettings())) as url:
         yield url
 
 

@@ -1,4 +1,6 @@
-"""Generated requests against the real server (the embedded model): no 5xx, responses as the OpenAPI says.
+"""Generated requests against the real server: no 5xx, responses as the OpenAPI says. The model is the fake one
+(`fake_lm_decider`: the embedded model's tokenizer, so the generated text meets the real tokenizing, labels and limits;
+answers from `typedlm.runtime.fake`), whose answers are not what is tested here.
 
 Two generators: schemathesis, from the server's own OpenAPI document (every operation, bounded), and a
 hypothesis fuzz of raw bodies that reaches what a schema-driven generator does not: lone surrogates in every
@@ -31,12 +33,12 @@ STATUSES: collections.Counter[str] = collections.Counter()
 
 
 @pytest.fixture
-def app(real_decider):  # one per test: a client's lifespan (schemathesis') stops the app's model worker
-    # a 1024-token budget per request: generated bodies stay cheap on a CPU (a few thousand tokens of nested JSON
-    # levels read in 8 orders would take seconds each); everything over it is a 413, which is what is tested
-    budget, real_decider.max_input_tokens = real_decider.max_input_tokens, 1024
-    yield create_app(real_decider, ServerSettings(max_body_bytes=1 << 20))
-    real_decider.max_input_tokens = budget
+def app(fake_lm_decider):  # one per test: a client's lifespan (schemathesis') stops the app's model worker
+    # a 1024-token budget per request: generated bodies stay cheap (a few thousand tokens of nested JSON levels read
+    # in 8 orders take long to tokenize); everything over it is a 413, which is what is tested
+    budget, fake_lm_decider.max_input_tokens = fake_lm_decider.max_input_tokens, 1024
+    yield create_app(fake_lm_decider, ServerSettings(max_body_bytes=1 << 20))
+    fake_lm_decider.max_input_tokens = budget
 
 
 def test_generated_requests_get_no_server_error_and_conform_to_the_schema(app):

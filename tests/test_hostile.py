@@ -1,7 +1,8 @@
-"""Hostile but valid clients, the smallest version of `benchmarks/hostile.py`, on a tiny model over real HTTP: long
-distinct option names, the largest requests the limits admit (four at once), one just over them, stalled and
-unfinished bodies. Every one gets an answer or a 4xx, none a 5xx, and the process keeps no more than its caches'
-budgets after them."""
+"""Hostile but valid clients, the smallest version of `benchmarks/hostile.py`, over real HTTP: long distinct option
+names, the largest requests the limits admit (four at once), one just over them, stalled and unfinished bodies. Every
+one gets an answer or a 4xx, none a 5xx, and the process keeps no more than its caches' budgets after them. The model
+is the fake one (`typedlm.runtime.fake`): what is tested is the host's side (tokenizing, labels, limits, caches, the
+HTTP deadlines), whose memory a forward's does not hide; a real forward's peak is the benchmark's to measure."""
 
 from __future__ import annotations
 
@@ -18,12 +19,11 @@ from typedlm.core.bounded import resident_bytes
 from typedlm.core.errors import LimitExceeded
 from typedlm.core.questions import parse_questions
 from typedlm.decide.decider import Decider
-from typedlm.runtime.models import LoadedModel
 from typedlm.server import ServerSettings, create_app
 from typedlm.server.heap import return_freed_memory
 from typedlm.server.protocol import bounded_protocol
 
-from .conftest import ServerThread, tiny_model
+from .conftest import ServerThread, decider_on_fake
 
 BODY_TIMEOUT_S = 1.0
 FORWARD_BYTES = 48 << 20
@@ -64,10 +64,8 @@ def stalled(url: str, head: bytes, sent: bytes) -> tuple[str, float]:
 @pytest.fixture(scope="module")
 def hostile(tokenizer):
     return_freed_memory()  # as serve's processes do
-    model = tiny_model("qwen3", len(tokenizer))
-    decider = Decider(
-        LoadedModel(model, tokenizer, "tiny-qwen3"),
-        calibration="raw",
+    decider = decider_on_fake(
+        tokenizer,
         choice_answers="names",  # long names are tokenized to see whether they can be read
         max_forward_bytes=FORWARD_BYTES,
         prefix_cache_bytes=64 << 20,

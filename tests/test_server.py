@@ -1,9 +1,11 @@
 """The HTTP server through a real uvicorn server: official SDK, every error path.
 
-Tests whose subject is the model's answers (the official SDK parsing real answers, zstd arrival, answer shapes
-and values, calibration, the context limit, the real prefix cache) run on the real embedded model (`server_url`,
-`real_decider`). Tests of the protocol and its error paths run on a `FakeDecider` (`fake_server_url`), which
-answers instantly: they never need the model.
+Tests of what the server does with a decider's answers (the official SDK parsing them, zstd arrival, answer shapes,
+calibration and order reads per request, the context limit, the real prefix cache and every cache's metrics) run on
+a real `Decider` over the fake language model (`fake_lm_server_url`, `fake_lm_decider`: the embedded model's
+tokenizer, answers from `typedlm.runtime.fake`). Concurrent requests answered by shared static forwards run on the
+real embedded model (`real_decider`). Tests of the protocol and its error paths run on a `FakeDecider`
+(`fake_server_url`), which answers instantly without any decider.
 """
 
 from __future__ import annotations
@@ -58,11 +60,11 @@ def assert_validation(resp: httpx.Response, loc: list, words: str = "") -> None:
 # ---------------------------------------------------------------- the official client
 
 
-def test_official_sdk_with_default_settings_sends_zstd_and_parses_every_type(server_url):
+def test_official_sdk_with_default_settings_sends_zstd_and_parses_every_type(fake_lm_server_url, fake_lm_decider):
     assert resolve_compression(None) == "zstd", "typesafe-sdk[zstd] compresses large bodies by default"
     state = {"ticket": "Charged twice for order 1182. " * 40, "customer": "Ada"}  # > 1 KiB: compressed
     assert len(json.dumps(state)) > 1024
-    with TypeSafeClient(api_key="any-key-auth-is-off", base_url=server_url) as client:
+    with TypeSafeClient(api_key="any-key-auth-is-off", base_url=fake_lm_server_url) as client:
         response = client.system_one(
             state,
             {
@@ -72,15 +74,15 @@ def test_official_sdk_with_default_settings_sends_zstd_and_parses_every_type(ser
             },
         )
         models = client.models.list()
-    assert response.model == "smollm2-135m-instruct"
+    assert response.model == fake_lm_decider.name
     assert 0 <= response.answers["refund"].noul <= 1
     assert set(response.answers["topic"].probabilities) == {"billing", "shipping", "日本"}
     assert response.answers["urgency"].legend == {0: "low", 1: "medium", 2: "high"}  # the SDK keys levels by int
     assert response.usage.input_tokens > 0
-    assert {m.name for m in models.models} == {"smollm2-135m-instruct", "jev-latest"}
+    assert {m.name for m in models.models} == {fake_lm_decider.name, "jev-latest"}
 
 
-def test_the_sdk_body_really_arrives_zstd_compressed(real_decider):
+def test_the_sdk_body_really_arrives_zstd_compressed(fake_lm_decider):
     seen = []
 
     def recording(app):
@@ -91,7 +93,10 @@ def test_the_sdk_body_really_arrives_zstd_compressed(real_decider):
 
         return wrapped
 
-    with ServerThread(recording(create_app(real_decider))) as url, TypeSafeClient(api_key="k", base_url=url) as client:
+    with (
+        ServerThread(recording(create_app(fake_lm_decider))) as url,
+        TypeSafeClient(api_key="k", base_url=url) as client,
+    ):
         client.system_one("x" * 2000, {"q": Noul(instructions="Is it long?")})
     assert seen == [b"zstd"]
 
@@ -107,8 +112,8 @@ def test_sdk_gets_validation_errors_as_exceptions(fake_server_url):
 # ---------------------------------------------------------------- success shapes
 
 
-def test_answers_keep_option_names_byte_for_byte_and_prefix_extensions(server_url):
-    resp = post(server_url, BODY)
+def test_answers_keep_option_names_byte_for_byte_and_prefix_extensions(fake_lm_server_url):
+    resp = post(fake_lm_server_url, BODY)
     assert resp.status_code == 200 and resp.headers["content-type"] == "application/json"
     body = resp.json()
     assert {key for key in body if not key.startswith("x_")} == {"model", "answers", "usage"}
@@ -249,33 +254,33 @@ def test_openapi_says_what_the_server_does(fake_server_url, fake_decider):
     assert error["$ref"].endswith("/ValidationBody")
 
 
-def test_health_and_metrics_count_the_real_prefix_cache(server_url):
-    health = httpx.get(server_url + "/health").json()
-    assert health["status"] == "ok" and health["model"] == "smollm2-135m-instruct"
+def test_health_and_metrics_count_the_real_prefix_cache(fake_lm_server_url, fake_lm_decider):
+    health = httpx.get(fake_lm_server_url + "/health").json()
+    assert health["status"] == "ok" and health["model"] == fake_lm_decider.name
     assert health["prefix_cache"]["max_bytes"] > 0
     state = {**BODY, "state": "A state this test sends twice, and no other test sends."}
-    first = post(server_url, state).json()["usage"]
-    again = post(server_url, state).json()["usage"]  # the same state again: a prefix-cache hit
+    first = post(fake_lm_server_url, state).json()["usage"]
+    again = post(fake_lm_server_url, state).json()["usage"]  # the same state again: a prefix-cache hit
     assert again["input_tokens"] == first["input_tokens"]  # the whole prompt, cached or not
     assert again["x_cached_tokens"] > first["x_cached_tokens"] > 0  # the system prompt is always cached
-    samples = scrape(server_url)
+    samples = scrape(fake_lm_server_url)
     assert samples[("typedlm_prefix_cache_hits_total", ())] >= 1 and samples[("typedlm_requests_pending", ())] == 0
     assert samples[("typedlm_cached_tokens_total", ())] >= again["x_cached_tokens"]
     info = next(labels for (name, labels) in samples if name == "typedlm_model_info")
-    assert dict(info)["model"] == "smollm2-135m-instruct" and dict(info)["device"] == "cpu"
+    assert dict(info)["model"] == fake_lm_decider.name and dict(info)["device"] == "cpu"
 
 
-def test_the_openapi_document_states_what_a_request_may_cost_on_this_server(server_url, real_decider):
-    description = httpx.get(server_url + "/openapi.json").json()["info"]["description"]
+def test_the_openapi_document_states_what_a_request_may_cost_on_this_server(fake_lm_server_url, fake_lm_decider):
+    description = httpx.get(fake_lm_server_url + "/openapi.json").json()["info"]["description"]
     assert "**Limits**" in description and f"body: {8 << 20} bytes" in description
-    reads = real_decider.max_reads
-    assert f"at most {reads} reads" in description and f"tokens: {real_decider.max_request_tokens} per" in description
+    reads, tokens = fake_lm_decider.max_reads, fake_lm_decider.max_request_tokens
+    assert f"at most {reads} reads" in description and f"tokens: {tokens} per" in description
     assert "model's context (8192)" in description and "memory: 1024 MiB" in description
 
 
-def test_metrics_account_for_every_cache_in_bytes_and_the_processes_memory(server_url):
-    post(server_url, {**BODY, "state": "A state for the caches' metrics, sent by no other test."})
-    samples = scrape(server_url)
+def test_metrics_account_for_every_cache_in_bytes_and_the_processes_memory(fake_lm_server_url):
+    post(fake_lm_server_url, {**BODY, "state": "A state for the caches' metrics, sent by no other test."})
+    samples = scrape(fake_lm_server_url)
     caches = {dict(labels)["cache"] for (name, labels) in samples if name == "typedlm_cache_bytes"}
     assert {"documents", "tails", "suffix_texts", "option_names", "priors", "item_layouts", "batch_layouts"} <= caches
     for cache in caches:
@@ -415,8 +420,8 @@ def test_unknown_model_is_a_404_naming_the_served_models(fake_server_url, fake_d
     assert "jev-latest" in detail["message"] and "gpt-9" in detail["message"]
 
 
-def test_a_state_longer_than_the_context_is_413_naming_the_limit(server_url):
-    assert_error(post(server_url, {**BODY, "state": "word " * 9000}), 413, "request_too_large", "at most 8192")
+def test_a_state_longer_than_the_context_is_413_naming_the_limit(fake_lm_server_url):
+    assert_error(post(fake_lm_server_url, {**BODY, "state": "word " * 9000}), 413, "request_too_large", "at most 8192")
 
 
 def test_body_size_limits_hold_before_and_after_decompression():
@@ -587,18 +592,19 @@ def test_a_request_over_its_timeout_gets_504():
             gate.set()
 
 
-def test_calibration_and_order_reads_per_request(server_url):
+def test_calibration_and_order_reads_per_request(fake_lm_server_url):
     body = {**BODY, "x_calibration": "contextual", "x_order_reads": 2}
-    resp = post(server_url, body)
+    resp = post(fake_lm_server_url, body)
     assert resp.status_code == 200, resp.text
     data = resp.json()
     assert data["x_calibration"] == "contextual" and data["x_order_reads"] == 2
     assert data["answers"]["tone"]["x_reads"] == 2 and 0 <= data["answers"]["tone"]["x_stderr"] <= 1
     assert "x_reads" not in data["answers"]["billing"]
-    # the embedded model has a calibration file shipped for it (without one, the decider refuses "fitted": test_reads)
-    fitted = post(server_url, {**BODY, "x_calibration": "fitted"})
+    # the decider has a calibration file (the embedded model's, made out to the fake; without one, the decider
+    # refuses "fitted": test_reads)
+    fitted = post(fake_lm_server_url, {**BODY, "x_calibration": "fitted"})
     assert fitted.status_code == 200 and fitted.json()["x_calibration"] == "fitted", fitted.text
-    assert_validation(post(server_url, {**BODY, "x_order_reads": 99}), ["x_order_reads"], "from 1 to 8")
+    assert_validation(post(fake_lm_server_url, {**BODY, "x_order_reads": 99}), ["x_order_reads"], "from 1 to 8")
 
 
 def test_concurrent_requests_share_forwards_and_answer_as_alone(real_decider):

@@ -60,6 +60,7 @@ from typedlm.decide.reads import CHOICE_ANSWERS, Reading, Reads, read_count, rot
 from typedlm.runtime.budget import default_forward_bytes
 from typedlm.runtime.engine import Engine
 from typedlm.runtime.features import Features
+from typedlm.runtime.interface import EngineLike
 from typedlm.runtime.models import LoadedModel, load_model, model_fingerprint
 from typedlm.runtime.packing import BATCH_LAYOUTS, ITEM_LAYOUTS, PackedItem
 from typedlm.runtime.prefix_cache import PrefixCache
@@ -124,7 +125,9 @@ class Decider:
         feedback_db: str | Path | None = None,
         feedback_poll_s: float = POLL_S,
     ):
-        """Prepare a loaded model. `engine`: the feature switches (see `typedlm.core.options`);
+        """Prepare a loaded model, read by the engine it names (`LoadedModel.engine_class`: the real
+        `runtime.engine.Engine` unless it is the fake of `runtime.fake`). `engine`: the feature switches (see
+        `typedlm.core.options`);
         `max_input_tokens`: tokens per request (None: as many as `max_forward_bytes` admits; each question with
         the document within the model's context either way); `max_forward_bytes`: the memory one request's forward
         may take, estimated before it runs (`runtime.budget`; None: 1 GiB on a CPU, a quarter of a GPU's memory);
@@ -145,7 +148,7 @@ class Decider:
         self.name = loaded.name
         self.fingerprint = model_fingerprint(loaded.model)
         self.tokenizer = loaded.tokenizer
-        self.engine = Engine(loaded.model, engine)
+        self.engine: EngineLike = (loaded.engine_class or Engine)(loaded.model, engine)  # `fake.FakeEngine` in tests
         shipped = shipped_calibration(self.name) if calibration_file is None else None
         if shipped is not None and shipped.fingerprint != self.fingerprint:
             shipped = None  # shipped for other weights of the same name: its numbers mean nothing here
@@ -167,7 +170,7 @@ class Decider:
         # it keeps across requests (with 0 bytes only the system prompt is reused).
         cache, length = self.engine.prefill(self.layout.system_ids)
         self.prefix_cache = PrefixCache(prefix_cache_bytes)
-        self.prefix_cache.pin(self.layout.system_ids, Engine.snapshot(cache, length))
+        self.prefix_cache.pin(self.layout.system_ids, self.engine.snapshot(cache, length))
         # Calibration: the request's method or this default; a fitted file must match this model and prompt. A
         # file shipped for a named model is used only for the weights it was fitted on.
         if calibration_file is not None:
@@ -217,7 +220,7 @@ class Decider:
         # The content-free document's prefix, prefilled once and pinned (contextual calibration).
         free = self.layout.tokenize(CONTENT_FREE_STATE, [NoulQuestion()]).prefix_ids
         cache, length = self.engine.prefill(free)
-        self.prefix_cache.pin(free, Engine.snapshot(cache, length))
+        self.prefix_cache.pin(free, self.engine.snapshot(cache, length))
         # The fewest tokens one read of any question takes (its suffix, a one-character question with the fewest
         # options), less a margin for merges at its edges: what the number of reads is checked against.
         shortest = [NoulQuestion("?"), ChoiceQuestion((("a", None), ("b", None)), "?"), ScoreQuestion(("a", "b"), "?")]
@@ -370,7 +373,7 @@ class Decider:
         return self.launch(prepared)()
 
     def launch(self, prepared: Sequence[Prepared]) -> Callable[[], list[tuple[list[list[float]], int]]]:
-        """`forward`, returned as soon as its forward is queued (`Engine.launch_many`; on a GPU the host is then
+        """`forward`, returned as soon as its forward is queued (`EngineLike.launch_many`; on a GPU the host is then
         free), its documents' new prefixes already in the prefix cache: the function returned waits for the
         forward and gives `forward`'s results."""
         groups: dict[bytes, list[int]] = {}  # a document's prefix ids → the requests on it

@@ -8,5 +8,6 @@
 - `kv`, `prefix_cache`: a prefix's keys/values and the byte-bounded cache of them across requests;
 - `packing`: every question's suffix and label tree laid out in one sequence;
 - `forwards`, `graphs`: the forward strategies (two forwards, one eager forward, one static forward
-  replayed as a CUDA graph), chosen once by `engine`.
+  replayed as a CUDA graph), chosen once by `engine`;
+- `interface`: what the decider needs from an engine; `fake`: a deterministic fake model behind it, for tests.
 """

@@ -24,6 +24,8 @@ from typedlm.runtime.catalog import EMBEDDED, cache_dir, named_model
 if TYPE_CHECKING:  # torch loads with the first model, not with this module (the CLI reads its names first)
     import torch
 
+    from typedlm.runtime.interface import EngineClass
+
 EMBEDDED_MODEL = EMBEDDED.name
 RECOMMENDED_MODEL = "Qwen/Qwen3-0.6B"
 DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16"}  # name → torch's
@@ -35,6 +37,7 @@ class LoadedModel:
     model: torch.nn.Module
     tokenizer: object
     name: str  # what responses report as the model
+    engine_class: EngineClass | None = None  # what reads the model: None for `engine.Engine`; `fake.FakeEngine`
 
 
 LOG = logging.getLogger("typedlm")

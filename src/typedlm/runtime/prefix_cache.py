@@ -3,7 +3,8 @@
 A repeated state is not prefilled again; a state that extends a cached one (an agent transcript that
 grows turn by turn) prefills only its new tokens. The entry found is the cached prefix that shares the
 most leading token ids with the request; its keys/values are truncated to that length as views (no
-copy). Pinned entries (the system prompt) are never evicted and do not count against the budget.
+copy). An entry is any `interface.Prefix`: a real model's keys/values (`kv.PrefixKV`), or the fake model's token
+ids (`fake.FakePrefix`). Pinned entries (the system prompt) are never evicted and do not count against the budget.
 
 Counts: a *hit* reuses the whole request prefix, a *partial* hit reuses more than the pinned system
 prompt, a *miss* reuses no more than that.
@@ -16,7 +17,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from typedlm.runtime.kv import PrefixKV
+from typedlm.runtime.interface import Prefix
 from typedlm.text.prompt import common_prefix_length
 
 
@@ -38,18 +39,18 @@ class PrefixCache:
     def __init__(self, max_bytes: int):
         self.max_bytes = max_bytes
         # keyed by the prefix's token ids (compared chunk by chunk as tuples: see `common_prefix_length`)
-        self._entries: OrderedDict[tuple[int, ...], tuple[PrefixKV, int]] = OrderedDict()  # ids -> (kv, bytes)
-        self._pinned: dict[tuple[int, ...], PrefixKV] = {}
+        self._entries: OrderedDict[tuple[int, ...], tuple[Prefix, int]] = OrderedDict()  # ids -> (kv, bytes)
+        self._pinned: dict[tuple[int, ...], Prefix] = {}
         self._lock = threading.Lock()
         self._bytes = 0
         self._stats = CacheStats(max_bytes=max_bytes)
 
-    def pin(self, ids: Sequence[int], kv: PrefixKV) -> None:
+    def pin(self, ids: Sequence[int], kv: Prefix) -> None:
         assert len(ids) == kv.length, "ids and keys/values must cover the same tokens"
         with self._lock:
             self._pinned[tuple(ids)] = kv
 
-    def lookup(self, ids: Sequence[int]) -> PrefixKV | None:
+    def lookup(self, ids: Sequence[int]) -> Prefix | None:
         """The longest cached prefix of `ids` (as views), or None when nothing matches."""
         with self._lock:
             best, best_len, best_key, pinned_len = None, 0, None, 0
@@ -75,7 +76,7 @@ class PrefixCache:
             return None
         return best if best_len == best.length else best.truncated(best_len)
 
-    def insert(self, ids: Sequence[int], kv: PrefixKV) -> None:
+    def insert(self, ids: Sequence[int], kv: Prefix) -> None:
         """Keep `kv` (the keys/values of exactly `ids`; copied out of a larger cache it is a view of), evicting least
         recently used entries over budget."""
         assert len(ids) == kv.length, "ids and keys/values must cover the same tokens"
