@@ -57,7 +57,7 @@ conformance: install-dev
 	VENV=$(VENV) bash scripts/conformance.sh
 
 test: lint
-	$(PY) -m pytest -q -n auto
+	$(PY) -m pytest -q -n auto --dist loadfile
 	$(MAKE) conformance
 
 bench: install-dev
