@@ -4,7 +4,7 @@ method and both ways of reading choices, kept so that a change meant to leave an
     python scripts/record_bodies.py            # (re)write tests/data/recorded-bodies.jsonl from this checkout
     python scripts/record_bodies.py --check    # compare this checkout's answers with the file, bit for bit
 
-`tests/test_recorded_bodies.py` checks the same file to 1e-4 (another CPU may sum float32 in
+`tests/decide/test_recorded_bodies.py` checks the same file to 1e-4 (another CPU may sum float32 in
 another order); `--check` is the exact comparison, run on the machine that recorded the file.
 """
 

@@ -12,7 +12,7 @@ import pytest
 from typedlm.decide.decider import Decider
 from typedlm.runtime.models import load_model
 
-from .conftest import ServerThread, needs_chromium
+from ..conftest import ServerThread, needs_chromium
 
 pytest.importorskip("playwright.sync_api")
 pytestmark = needs_chromium  # the page: conftest's Chromium page, one per module

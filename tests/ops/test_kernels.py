@@ -11,7 +11,7 @@ import torch
 from typedlm.ops.fused import agrees, reference_ops
 from typedlm.runtime.patching import CAPTURED, fuse, unfuse_rope
 
-from .conftest import needs_triton, tiny_model
+from ..conftest import needs_triton, tiny_model
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

@@ -8,7 +8,7 @@ from transformers import LlamaConfig
 
 from typedlm.runtime import hf
 
-from .conftest import tiny_config, tiny_model
+from ..conftest import tiny_config, tiny_model
 
 
 def test_model_shape_reads_the_config_and_its_fallbacks(tokenizer):

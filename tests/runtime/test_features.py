@@ -9,7 +9,7 @@ from typedlm.core.options import EngineOptions
 from typedlm.runtime.engine import Engine
 from typedlm.runtime.forwards import OneForward, StaticForward, TwoForwards
 
-from .conftest import needs_triton, tiny_model
+from ..conftest import needs_triton, tiny_model
 
 
 @pytest.fixture()

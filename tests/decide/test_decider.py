@@ -15,7 +15,7 @@ from typedlm.core.options import EngineOptions
 from typedlm.core.questions import ChoiceQuestion, NoulQuestion, ScoreQuestion, parse_questions
 from typedlm.runtime.models import LoadedModel
 
-from .conftest import reference_masses
+from ..conftest import reference_masses
 
 STATE = "Order 1182: the customer paid twice for one pair of shoes and asks for a refund of the second charge."
 BODY = {

@@ -23,7 +23,7 @@ from typedlm.server import ServerSettings, create_app
 from typedlm.server.heap import return_freed_memory
 from typedlm.server.protocol import bounded_protocol
 
-from .conftest import ServerThread, decider_on_fake
+from ..conftest import ServerThread, decider_on_fake
 
 BODY_TIMEOUT_S = 1.0
 FORWARD_BYTES = 48 << 20

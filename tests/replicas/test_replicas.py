@@ -66,7 +66,12 @@ REQUESTS = [
     ("POST", "/v1/systemone", JSON, b"{not json"),
     ("POST", "/v1/systemone", {"content-encoding": "gzip"}, b"\x1f\x8b not really gzip"),
     ("POST", "/v1/systemone", {"content-encoding": "br"}, b"{}"),
-    ("POST", "/v1/systemone", {"content-encoding": "gzip"}, gzip.compress(_json({"state": "x", "questions": {}}))),
+    (
+        "POST",
+        "/v1/systemone",
+        {"content-encoding": "gzip"},
+        gzip.compress(_json({"state": "x", "questions": {}}), mtime=0),
+    ),
     ("POST", "/v1/chat/completions", {}, _json(_chat("The sky is blue.", stream=True))),
     ("GET", "/nowhere", {}, b""),
     ("DELETE", "/v1/models", {}, b""),

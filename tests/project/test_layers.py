@@ -56,7 +56,7 @@ def test_an_unknown_name_is_an_attribute_error():
         typedlm.Nope  # noqa: B018
 
 
-SOURCE = Path(__file__).resolve().parent.parent / "src" / "typedlm"
+SOURCE = Path(__file__).resolve().parents[2] / "src" / "typedlm"
 
 
 def _module_names() -> dict[str, Path]:

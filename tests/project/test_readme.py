@@ -11,9 +11,9 @@ import pytest
 from typedlm import Decider
 from typedlm.runtime.models import LoadedModel
 
-from .conftest import json_leaves
+from ..conftest import json_leaves
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 REQUEST = "examples/request.json"
 
 

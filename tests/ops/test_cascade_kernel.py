@@ -10,7 +10,7 @@ import torch
 
 from typedlm.ops.kernel_blocks import block_table, block_tokens, capacity
 
-from .conftest import needs_triton
+from ..conftest import needs_triton
 
 pytestmark = needs_triton
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -19,7 +19,7 @@ import pytest
 from typedlm import Decider
 from typedlm.core.errors import TypedLMError
 
-RECORDED = Path(__file__).parent / "data" / "recorded-bodies.jsonl"
+RECORDED = Path(__file__).parents[1] / "data" / "recorded-bodies.jsonl"
 ROWS = [json.loads(line) for line in RECORDED.read_text(encoding="utf-8").splitlines()]
 
 

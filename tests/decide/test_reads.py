@@ -13,7 +13,7 @@ from typedlm.decide.reads import rotations
 from typedlm.runtime.models import LoadedModel
 from typedlm.text.prompt import PROMPT_VERSION
 
-from .conftest import tiny_model
+from ..conftest import tiny_model
 
 STATE = "The parcel arrived broken and the customer wants a new one sent today."
 TOPIC = ChoiceQuestion((("billing", None), ("shipping", "parcels"), ("account", None), ("other", None)), "Topic?")

@@ -12,7 +12,7 @@ from typedlm.runtime.engine import Engine
 from typedlm.runtime.packing import PackedItem
 from typedlm.text.labels import LabelSet
 
-from .conftest import reference_masses, tiny_model
+from ..conftest import reference_masses, tiny_model
 
 STATE = {"ticket": "I was charged twice for my subscription this month.", "customer": {"plan": "pro", "years": 3}}
 QUESTIONS = {

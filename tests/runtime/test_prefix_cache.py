@@ -10,7 +10,7 @@ from typedlm.runtime.kv import PrefixKV
 from typedlm.runtime.models import LoadedModel
 from typedlm.runtime.prefix_cache import PrefixCache
 
-from .conftest import tiny_model
+from ..conftest import tiny_model
 
 
 def kv_of(length: int, fill: float = 0.0) -> PrefixKV:

@@ -18,7 +18,7 @@ from typedlm.cli import build_parser
 from typedlm.server import ServerSettings, create_app
 from typedlm.server.protocol import bounded_protocol
 
-from .conftest import FakeDecider, ServerThread
+from ..conftest import FakeDecider, ServerThread
 
 DEADLINE_S = 0.6
 MARGIN_S = 1.0  # a cut-off comes within its deadline and this, on a loaded machine too

@@ -26,7 +26,7 @@ from typesafe_sdk._core.compression import resolve_compression
 
 from typedlm.server import ServerSettings, create_app
 
-from .conftest import FakeDecider, ServerThread
+from ..conftest import FakeDecider, ServerThread
 
 QUESTIONS = {
     "billing": {"type": "noul", "instructions": "Is this message about billing?"},

@@ -30,7 +30,7 @@ from typedlm.server import ServerSettings, create_app
 from typedlm.server.model_process import ModelProcess, portable
 from typedlm.server.status import APIError, error_status
 
-from .conftest import FakeDecider, ServerThread, json_leaves
+from ..conftest import FakeDecider, ServerThread, json_leaves
 
 BODY = {
     "state": "I was charged twice for my subscription this month. Please refund the second charge.",

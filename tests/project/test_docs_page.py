@@ -8,7 +8,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from .conftest import needs_chromium
+from ..conftest import needs_chromium
 
 pytest.importorskip("playwright.sync_api")
 pytestmark = needs_chromium  # the page: conftest's Chromium page, one per module

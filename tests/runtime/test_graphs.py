@@ -15,7 +15,7 @@ from typedlm.runtime.patching import fuse
 from typedlm.runtime.static_inputs import FINE_FROM, FINE_STEP, Document, Shape, Slot, bucket
 from typedlm.text.labels import LabelSet
 
-from .conftest import needs_triton, tiny_model
+from ..conftest import needs_triton, tiny_model
 
 on_cpu = pytest.mark.skipif(torch.cuda.is_available(), reason="Triton runs CPU tensors only in its interpreter")
 # model families, each with the attention as torch's kernels and as the cascade kernel (Triton's interpreter)

@@ -15,7 +15,7 @@ from typedlm.runtime.engine import Engine
 from typedlm.runtime.models import LoadedModel
 from typedlm.runtime.patching import unfuse_rope
 
-from .conftest import reference_masses, tiny_model
+from ..conftest import reference_masses, tiny_model
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

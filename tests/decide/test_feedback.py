@@ -16,7 +16,7 @@ from typedlm.runtime.models import load_model
 from typedlm.server import ServerSettings, create_app
 from typedlm.store.feedback import FeedbackStore
 
-from .conftest import ServerThread
+from ..conftest import ServerThread
 
 BILLING = {"type": "noul", "instructions": "Is this message about billing?"}
 TEAM = {"type": "choice", "instructions": "Which team should handle it?", "criteria": {"billing": None, "tech": None}}
