@@ -16,7 +16,17 @@ from typedlm.runtime.models import load_model
 from typedlm.server import ServerSettings, create_app
 from typedlm.store.feedback import FeedbackStore
 
-from ..conftest import ServerThread
+from ..conftest import ServerThread, json_leaves
+
+
+def assert_same_answers(a: dict, b: dict) -> None:
+    """The same answers, floats to a relative 1e-5: a document read a second time is read over its cached prefix,
+    whose float32 sums may differ from the first read's in the last bits (about 1e-6 on two threads)."""
+    leaves_a, leaves_b = dict(json_leaves(a)), dict(json_leaves(b))
+    assert leaves_a.keys() == leaves_b.keys()
+    for path, value in leaves_a.items():
+        assert value == (pytest.approx(leaves_b[path], rel=1e-5) if isinstance(value, float) else leaves_b[path]), path
+
 
 BILLING = {"type": "noul", "instructions": "Is this message about billing?"}
 TEAM = {"type": "choice", "instructions": "Which team should handle it?", "criteria": {"billing": None, "tech": None}}
@@ -71,19 +81,24 @@ def test_a_post_answers_as_before_stores_its_labels_and_moves_later_answers(load
     decider = decider_on(loaded, tmp_path / "f.sqlite")
     before = decider.respond(body(DOCUMENTS[0]))
     posted = decider.respond_feedback(body(DOCUMENTS[0], gold={"billing": True, "team": "billing"}))
-    assert posted["answers"] == before["answers"] and posted["x_calibration"] == before["x_calibration"]
+    assert_same_answers(posted["answers"], before["answers"])
+    assert posted["x_calibration"] == before["x_calibration"]
     assert posted["x_feedback"] == {"billing": {"level": "exact", "labels": 1}, "team": {"level": "exact", "labels": 1}}
     assert posted["x_feedback_stored"] == 2
     after = decider.respond(body(DOCUMENTS[0]))
     assert after["x_calibration"] == "feedback"
     assert after["answers"]["billing"]["x_feedback"] == {"level": "exact", "labels": 1}
     assert after["answers"]["billing"]["noul"] > before["answers"]["billing"]["noul"]  # toward the gold yes
-    assert after["answers"]["billing"]["x_raw_mass"] == before["answers"]["billing"]["x_raw_mass"]
+    assert after["answers"]["billing"]["x_raw_mass"] == pytest.approx(
+        before["answers"]["billing"]["x_raw_mass"], rel=1e-5
+    )
     # a request's own method still wins, and gives what it gave before
     raw = decider.respond(body(DOCUMENTS[0], x_calibration="raw"))["answers"]
     fresh = Decider(loaded, calibration="raw").respond(body(DOCUMENTS[0]))["answers"]  # nothing cached: 1e-6 apart
-    assert "x_feedback" not in raw["billing"] and raw["billing"]["noul"] == pytest.approx(fresh["billing"]["noul"])
-    assert raw["team"]["probabilities"] == pytest.approx(fresh["team"]["probabilities"])
+    assert "x_feedback" not in raw["billing"] and raw["billing"]["noul"] == pytest.approx(
+        fresh["billing"]["noul"], rel=1e-5
+    )
+    assert raw["team"]["probabilities"] == pytest.approx(fresh["team"]["probabilities"], rel=1e-5)
     decider.close()
 
 
@@ -154,7 +169,7 @@ def test_labels_of_another_reading_are_not_learned(loaded, tmp_path):
 def test_without_a_database_feedback_calibration_is_the_default_and_a_post_is_refused(loaded):
     decider = Decider(loaded)
     asked = decider.respond(body(DOCUMENTS[0], x_calibration="feedback"))  # no labels: the default's answers
-    assert asked["answers"] == decider.respond(body(DOCUMENTS[0]))["answers"]
+    assert_same_answers(asked["answers"], decider.respond(body(DOCUMENTS[0]))["answers"])
     assert asked["x_calibration"] == decider.calibration
     with pytest.raises(InvalidRequest, match="feedback database"):
         decider.respond_feedback(body(DOCUMENTS[0], gold={"billing": True}))
