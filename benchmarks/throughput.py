@@ -42,8 +42,18 @@ and through a model process as of its last forward) are the shares of the cell t
 a slot (every forward allowed in flight: the device, or the answers, set the pace) and for a request with a slot
 free (the clients, or the threads preparing requests, set it): `ModelWorker.stats`. As `typedlm serve`'s
 processes do, this one freezes start-up's objects out of the garbage collector's full walks before measuring
-(`server/heap.py`, `gc_pauses.py`; --no-gc-freeze leaves them in). Prints a table, writes JSON and a PNG plot, and
-ends with one JSON line.
+(`server/heap.py`, `gc_pauses.py`; --no-gc-freeze leaves them in).
+
+What a cell's measured rate costs (`cost_per_million`), per million documents and per million questions: on CUDA,
+`gpu_s_per_m_docs` and `gpu_s_per_m_questions` are the device-seconds of one GPU serving at the cell's rate
+(1e6 / docs_per_s, 1e6 / questions_per_s: the GPU counted whole, busy or not, as a rented one is); on a CPU the
+same quotients are named `cpu_wall_s_per_m_docs` and `_questions`, the wall seconds of the whole machine (all its
+cores, shared with whatever else ran), not CPU-seconds. In process, `host_cpu_s_per_m_docs` and `_questions` are
+"CPU ms/doc" scaled to a million: the host's CPU-seconds, the in-process clients' own work included. The other
+paths have none: part of their work (the HTTP clients, or the model process) runs in processes whose CPU time this
+one does not count.
+
+Prints a table, writes JSON and a PNG plot, and ends with one JSON line.
 
     python -m benchmarks.throughput                                   # CPU, the embedded model
     python -m benchmarks.throughput --device cuda --random-qwen3-0.6b --tokenizer DIR
@@ -162,6 +172,21 @@ def wait_shares(before: dict[str, float], after: dict[str, float], seconds: floa
         "slot_wait_share": (after["waited_for_slot_seconds"] - before["waited_for_slot_seconds"]) / seconds,
         "request_wait_share": (after["waited_for_requests_seconds"] - before["waited_for_requests_seconds"]) / seconds,
     }
+
+
+def cost_per_million(row: dict, cuda: bool) -> dict[str, float]:
+    """A cell's row (its rates, its Q in `questions`) as seconds per million documents and per million questions
+    (see the module's docstring): the device's (`gpu_` on CUDA, `cpu_wall_` on a CPU) and, where the cell measured
+    its CPU time, the host's."""
+    device = "gpu" if cuda else "cpu_wall"
+    costs = {
+        f"{device}_s_per_m_docs": 1e6 / row["docs_per_s"],
+        f"{device}_s_per_m_questions": 1e6 / row["questions_per_s"],
+    }
+    if row.get("cpu_ms_per_doc") is not None:  # ms per document × 1e6 documents / 1000 ms per s
+        costs["host_cpu_s_per_m_docs"] = 1000 * row["cpu_ms_per_doc"]
+        costs["host_cpu_s_per_m_questions"] = 1000 * row["cpu_ms_per_doc"] / row["questions"]
+    return costs
 
 
 def summarise(latencies: list[float], seconds: float, questions: int, forwards: Forwards) -> dict:
@@ -403,6 +428,8 @@ def measure(
     rows = []
     decider = next(iter(deciders.values()))
     default_switch = sys.getswitchinterval()
+    cuda = args.device.startswith("cuda")
+    device = "gpu" if cuda else "cpu_wall"
     for workload in args.workloads:
         prefix_tokens, counts = WORKLOADS[workload]
         documents = Documents(decider.layout, prefix_tokens)
@@ -451,6 +478,7 @@ def measure(
                         gather_gap_s=gap, switch_interval_s=sys.getswitchinterval(), host_threads=host_threads,
                         clients=clients, matrix_rate=flops / (peak * 1e12) if peak else None,
                     )  # fmt: skip
+                    row.update(cost_per_million(row, cuda))
                     rows.append(row)
                     share = f"{100 * row['matrix_rate']:.1f}%" if peak else "-"
                     gpu = f"{100 * row['gpu_busy']:.1f}%" if row.get("gpu_busy") else "-"
@@ -465,12 +493,19 @@ def measure(
                         if "slot_wait_share" in row
                         else "-"
                     )
+                    costs = " | ".join(
+                        f"{row[key]:,.0f}" if key in row else "-"
+                        for key in (
+                            f"{device}_s_per_m_docs", f"{device}_s_per_m_questions", "host_cpu_s_per_m_docs",
+                            "host_cpu_s_per_m_questions",
+                        )
+                    )  # fmt: skip
                     print(
                         f"| {workload} | {q} | {path} | {attention} | {'on' if batching else 'off'} | {depth} | "
                         f"{1000 * gap:g} | {1000 * sys.getswitchinterval():g} | {host_threads} | "
                         f"{clients} | {row['docs_per_s']:.1f} | {row['questions_per_s']:.0f} | {row['p50_ms']:.1f} | "
                         f"{row['p99_ms']:.1f} | {row['mean_batch']:.1f} | {share} | {gpu} | {per_doc} | {graphs} | "
-                        f"{mhz} | {cpu} | {waited} |",
+                        f"{mhz} | {cpu} | {waited} | {costs} |",
                         flush=True,
                     )
     sys.setswitchinterval(default_switch)
@@ -549,8 +584,10 @@ def main() -> None:
         "workload", "Q", "path", "attention", "batching", "pipeline", "gather ms", "switch ms", "host threads",
         "clients", "docs/s", "questions/s", "p50 ms", "p99 ms", "mean batch", "of matrix rate", "GPU busy",
         "GPU ms/doc", "graphs", "SM MHz", "CPU ms/doc", "model thread waits: slot / requests",
+        *(f"{'GPU' if args.device.startswith('cuda') else 'CPU wall'} s/M {unit}" for unit in ("docs", "q")),
+        "host CPU s/M docs", "host CPU s/M q",
     )  # fmt: skip
-    print(table_head(columns, "lrlllrrrrrrrrrrrrrrrrr"))
+    print(table_head(columns, "lrlllrrrrrrrrrrrrrrrrrrrrr"))
     with ModelProcesses(args, decider) as model_processes:
         frozen = 0 if args.no_gc_freeze else freeze_start_up_objects()
         rows = measure(args, deciders, params, peak, model_processes)
