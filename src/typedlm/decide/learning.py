@@ -11,7 +11,9 @@ Each level holds a small calibrator fitted on its own labels, on what the level 
 default, family on kind, exact on family), so an answer goes default → kind → family → exact, and a level without
 labels passes its input on unchanged. A level's parameters θ are fitted by maximum a posteriori with a Gaussian
 prior centred on "change nothing" (θ = 0): minimise Σ −log p(gold) + λ/2·|θ|², λ = `SHRINK` at first, so a level
-is shrunk towards its parent: 3 labels move it a little, 100 a lot. From `MIN_CV_LABELS` labels on, λ is chosen
+is shrunk towards its parent: 3 labels move it a little, 100 a lot. From `MIN_CV_LABELS` labels on the fit aims
+at Platt's targets (`targets`) rather than the labels: labels that all give one answer make it very likely, never
+certain. From `MIN_CV_LABELS` labels on, λ is chosen
 with the variant, among `SHRINKS`: the prior's right weight depends on how far the task is from the default, which
 only the level's own labels tell. Two variants (`VARIANTS`), each with or without its bias,
 chosen per level by `CV_FOLDS`-fold cross-validation on its labels whenever its count doubles from `MIN_CV_LABELS` on
@@ -184,13 +186,40 @@ def _softmax(logits: np.ndarray) -> np.ndarray:
     return shifted / shifted.sum(axis=1, keepdims=True)
 
 
-def _loss(kind: str, variant: str, theta: np.ndarray, biased: bool, groups: Sequence[_Rows], shrink: float) -> float:
+def targets(gold: np.ndarray, n: int) -> np.ndarray:
+    """Platt's targets (Platt 1999, "Probabilistic outputs for support vector machines") made the same for every
+    answer [N, n]: each of N labels aims at (N + 1) / (N + 2) on its gold answer and shares the rest equally among
+    the others, Laplace's rule of succession for "this label's answer is right". Labels that all give one answer
+    (22 of 22, a rare answer not yet seen) then teach "very likely" (23/24), never "certain"; with many labels the
+    targets are the labels themselves. Platt's own targets count each answer's labels apart, (N_c + 1) / (N_c + 2),
+    which aims a rare answer's labels lower and so moves top answers toward the common one: these do not."""
+    on_gold = (len(gold) + 1.0) / (len(gold) + 2.0)
+    out = np.full((len(gold), n), (1.0 - on_gold) / max(n - 1, 1))
+    out[np.arange(len(gold)), gold] = on_gold
+    return out
+
+
+def _aims(rows: _Rows, platt: bool) -> np.ndarray:
+    """What a fit aims each label's probabilities at: Platt's `targets`, or with `platt` False the labels."""
+    n = rows.log_p.shape[1]
+    if platt:
+        return targets(rows.gold, n)
+    out = np.zeros((len(rows.gold), n))
+    out[np.arange(len(rows.gold)), rows.gold] = 1.0
+    return out
+
+
+def _loss(
+    kind: str, variant: str, theta: np.ndarray, biased: bool, groups: Sequence[_Rows], shrink: float, platt: bool
+) -> float:
+    """The shrinkage term plus the cross-entropy to what the fit aims at (`_aims`); with `platt` False and no
+    shrinkage, the gold answers' log loss (how cross-validation scores a fit)."""
     total = 0.5 * shrink * float(theta @ theta)
     for rows in groups:
         logits = _logits(kind, variant, theta, biased, rows)
         top = logits.max(axis=1)
-        log_z = top + np.log(np.exp(logits - top[:, None]).sum(axis=1))
-        total += float((log_z - logits[np.arange(len(rows.gold)), rows.gold]).sum())
+        log_p = logits - (top + np.log(np.exp(logits - top[:, None]).sum(axis=1)))[:, None]
+        total -= float((_aims(rows, platt) * log_p).sum())
     return total
 
 
@@ -201,19 +230,19 @@ def fit(
     biased: bool,
     shrink: float = SHRINK,
     start: np.ndarray | None = None,
+    platt: bool = False,
 ) -> np.ndarray:
     """θ minimising the level's log loss plus the shrinkage term, by damped Gauss-Newton from `start` (0: no
     change). `groups`: the level's samples, one `_Rows` per size n (a bias per answer needs one size)."""
     size = _size(kind, variant, groups[0].log_p.shape[1], biased)
     theta = np.zeros(size) if start is None or len(start) != size else np.array(start, dtype=np.float64)
-    loss = _loss(kind, variant, theta, biased, groups, shrink)
+    loss = _loss(kind, variant, theta, biased, groups, shrink, platt)
     for _ in range(NEWTON_STEPS):
         grad, hess = shrink * theta, shrink * np.eye(size)
         for rows in groups:
             jac = _jacobian(kind, variant, theta, biased, rows)
             probs = _softmax(_logits(kind, variant, theta, biased, rows))
-            residual = probs.copy()
-            residual[np.arange(len(rows.gold)), rows.gold] -= 1.0
+            residual = probs - _aims(rows, platt)
             grad = grad + np.einsum("inp,in->p", jac, residual)
             weighted = np.einsum("inp,in->ip", jac, probs)
             hess = hess + np.einsum("inp,in,inq->pq", jac, probs, jac) - weighted.T @ weighted
@@ -221,7 +250,7 @@ def fit(
         scale = 1.0
         while scale > 1e-4:
             trial = theta + scale * step
-            trial_loss = _loss(kind, variant, trial, biased, groups, shrink)
+            trial_loss = _loss(kind, variant, trial, biased, groups, shrink, platt)
             if trial_loss <= loss:
                 break
             scale /= 2
@@ -258,7 +287,10 @@ class Level:
             self.variant, self.biased, self.shrink = choose_variant(self.kind, groups, self.biasable, shrinks)
             self.chosen_at, self.theta = n, None
         lam = shrink if self.shrink is None else self.shrink
-        self.theta = fit(self.kind, self.variant, groups, self.biased, lam, self.theta)
+        # from the first cross-validation on, the prior may be weak (λ = 0.1) and a bias possible: Platt's targets
+        # keep the fit finite where every label gives one answer; before it, the prior of 10 labels does
+        platt = n >= MIN_CV_LABELS
+        self.theta = fit(self.kind, self.variant, groups, self.biased, lam, self.theta, platt)
         return LevelFit(self.kind, self.variant, tuple(self.theta.tolist()), n, self.biased)
 
 
@@ -285,7 +317,7 @@ def choose_variant(
         for biased in (False, True) if biasable else (False,):
             for shrink in shrinks:
                 losses[(variant, biased, shrink)] = sum(
-                    _loss(kind, variant, fit(kind, variant, train, biased, shrink), biased, test, 0.0)
+                    _loss(kind, variant, fit(kind, variant, train, biased, shrink, platt=True), biased, test, 0, False)
                     for train, test in splits
                 )
     return min(losses, key=losses.__getitem__)
