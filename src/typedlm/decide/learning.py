@@ -11,13 +11,12 @@ Each level holds a small calibrator fitted on its own labels, on what the level 
 default, family on kind, exact on family), so an answer goes default → kind → family → exact, and a level without
 labels passes its input on unchanged. A level's parameters θ are fitted by maximum a posteriori with a Gaussian
 prior centred on "change nothing" (θ = 0): minimise Σ −log p(gold) + λ/2·|θ|², λ = `SHRINK` at first, so a level
-is shrunk towards its parent: 3 labels move it a little, 100 a lot. From `MIN_CV_LABELS` labels on the fit aims
-at Platt's targets (`targets`) rather than the labels: labels that all give one answer make it very likely, never
-certain. From `MIN_CV_LABELS` labels on, λ is chosen
-with the variant, among `SHRINKS`: the prior's right weight depends on how far the task is from the default, which
-only the level's own labels tell. Two variants (`VARIANTS`), each with or without its bias,
-chosen per level by `CV_FOLDS`-fold cross-validation on its labels whenever its count doubles from `MIN_CV_LABELS` on
-(before that: a temperature alone, which never moves a top answer):
+is shrunk towards its parent: 3 labels move it a little, 100 a lot. From `MIN_CV_LABELS` labels on, the fit aims
+at Platt's targets (`targets`) rather than the labels (labels that all give one answer make it very likely, never
+certain), and λ is chosen with the variant, among `SHRINKS`: the prior's right weight depends on how far the
+task is from the default, which only the level's own labels tell. Two variants (`VARIANTS`), each with or
+without its bias, chosen per level by `CV_FOLDS`-fold cross-validation on its labels whenever its count doubles
+from `MIN_CV_LABELS` on (before that: a temperature alone, which never moves a top answer):
 
     scale      p ∝ q^(1/T)·e^(b): a temperature, and a bias per answer where the level's answers are the same
                answers (noul everywhere: a bias on yes; choice and score at the exact level, up to
