@@ -3,8 +3,9 @@
 The pieces first, against independent references: a forwarded request run through the app in process answers as
 the same app over real HTTP (uvicorn); document keys; /health and /metrics merged. Then the real thing: `typedlm
 serve --replicas 2` on a local Ray with the embedded model: the affinity workload (20 documents x 5 visits), answers
-equal to the model in process, errors equal to the single server's, metrics of every replica. (jevcompat runs
-against it too: scripts/conformance.sh.)
+equal to the model in process, errors equal to the single server's, metrics of every replica, a burst past the
+replicas' limit answered 503, feedback shared through one database (one deployment for all of them: each start of
+Ray Serve costs tens of seconds). (jevcompat runs against it too: scripts/conformance.sh.)
 """
 
 from __future__ import annotations
@@ -199,7 +200,10 @@ def replicas_url(tmp_path_factory):
     pytest.importorskip("ray.serve")
     log = tmp_path_factory.mktemp("replicas") / "serve.log"
     feedback = tmp_path_factory.mktemp("replicas") / "feedback.sqlite"  # the replicas share it
-    with _serving(log, "--replicas", "2", "--cpus-per-replica", "1", "--feedback-db", str(feedback)) as url:
+    # one request at a time per replica (and as many waiting at the ingress), so that a burst meets the limit;
+    # every other test here sends one request at a time
+    options = ("--replicas", "2", "--cpus-per-replica", "1", "--max-queue", "1", "--feedback-db", str(feedback))
+    with _serving(log, *options) as url:
         yield url
 
 
@@ -291,18 +295,16 @@ def test_the_application_builder_takes_serve_runs_key_value_args(monkeypatch):
         app_builder({"replicas": "0"})
 
 
-def test_more_requests_than_the_replicas_take_get_503_with_retry_after(tmp_path):
-    """One replica taking one request at a time, and one more waiting: of ten requests sent at once on new
-    documents, the rest get 503 with Retry-After in the route's own error shape, never another 5xx."""
-    pytest.importorskip("ray.serve")
-    with _serving(tmp_path / "serve.log", "--replicas", "1", "--max-queue", "1") as url:
+def test_more_requests_than_the_replicas_take_get_503_with_retry_after(replicas_url):
+    """Two replicas taking one request at a time each, and two more waiting at the ingress: of ten requests sent at
+    once on new documents, the rest get 503 with Retry-After in the route's own error shape, never another 5xx."""
 
-        async def burst(path: str, body) -> list[httpx.Response]:
-            async with httpx.AsyncClient(base_url=url, timeout=120) as client:
-                return await asyncio.gather(*(client.post(path, json=body(i)) for i in range(10)))
+    async def burst(path: str, body) -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=replicas_url, timeout=120) as client:
+            return await asyncio.gather(*(client.post(path, json=body(i)) for i in range(10)))
 
-        one = asyncio.run(burst("/v1/systemone", lambda i: {"state": f"ticket {i} " * 100, "questions": QUESTIONS}))
-        chat = asyncio.run(burst("/v1/chat/completions", lambda i: _chat(f"ticket {i} " * 100)))
+    one = asyncio.run(burst("/v1/systemone", lambda i: {"state": f"ticket {i} " * 100, "questions": QUESTIONS}))
+    chat = asyncio.run(burst("/v1/chat/completions", lambda i: _chat(f"ticket {i} " * 100)))
     for responses, shape in ((one, "detail"), (chat, "error")):
         statuses = sorted(r.status_code for r in responses)
         assert set(statuses) == {200, 503} and statuses.count(200) >= 2, statuses
