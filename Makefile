@@ -62,7 +62,7 @@ conformance: install-dev
 	VENV=$(VENV) bash scripts/conformance.sh
 
 test: lint
-	$(PY) -m pytest -q -n auto --dist loadfile
+	$(PY) -m pytest -q -n auto --dist loadfile --no-loadscope-reorder
 	$(MAKE) conformance
 
 bench: install-dev

@@ -18,6 +18,7 @@ import shutil
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
@@ -50,6 +51,33 @@ if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
 needs_triton = pytest.mark.skipif(not kernel_available(), reason="Triton is not installed")
+
+# The files that take longest (seconds of their own on one core, `pytest -p no:xdist --durations=0`), handed out
+# first: `make test` gives each worker a file at a time in collection order (--dist loadfile,
+# --no-loadscope-reorder), and a long file begun last would keep one worker busy while the others wait.
+LONGEST_FIRST = (
+    "jobs/test_batch.py",  # a local Ray and batch jobs in subprocesses
+    "replicas/test_replicas.py",  # Ray Serve with two replicas
+    "runtime/test_graphs.py",
+    "cli/test_cli.py",  # the commands in subprocesses
+    "decide/test_recorded_bodies.py",
+    "offline/test_evaluate.py",
+    "decide/test_decider.py",
+    "decide/test_feedback.py",
+    "server/test_model_process.py",
+    "server/test_server.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The files of LONGEST_FIRST before the rest, in its order; every file's tests keep theirs (a stable sort)."""
+    tests = Path(__file__).parent
+
+    def rank(item: pytest.Item) -> int:
+        path = item.path.relative_to(tests).as_posix() if item.path.is_relative_to(tests) else ""
+        return LONGEST_FIRST.index(path) if path in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)
 
 
 @pytest.fixture(scope="session")
