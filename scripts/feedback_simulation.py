@@ -4,8 +4,8 @@
         --examples eval/examples --out docs/results/feedback-qwen2.5-coder-1.5b.json
 
 `--readouts` holds `record_readouts.py record`'s folders (`1-letters/`, `1-names/`: SET.SPLIT.jsonl[.gz]); choice
-questions are read as the model's shipped calibration file reads them (by name or by letter), and its variant per kind
-is the default each set is simulated on. `--examples` holds the exported samples (SET.SPLIT.jsonl), for the questions
+questions are read as the model's shipped calibration file reads them (by letter, by name, or by name with each
+option's mass length-normalised), and its variant per kind is the default each set is simulated on. `--examples` holds the exported samples (SET.SPLIT.jsonl), for the questions
 the learner keys its labels by. Prints the learning curve per set (ECE beside its floor at each K), the label-free
 references, and the verdict at K = 50; writes the JSON and, beside it, a PNG of the curves.
 """
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from typedlm.core.questions import parse_question
@@ -84,7 +85,8 @@ def main() -> None:
     if shipped is None:
         raise SystemExit(f"no shipped calibration for {args.model}")
     variants = {kind: ShippedVariant.parse(text) for kind, text in shipped.data["variants"].items()}
-    by_name = variants.get("choice", ShippedVariant("letters", "raw", ())).reading == "names"
+    reading = variants.get("choice", ShippedVariant("letters", "raw", ())).reading
+    by_name, per_token = reading in ("names", "names_per_token"), reading == "names_per_token"
     found = {
         p.name.split(".")[0] for way in ("1-letters", "1-names") for p in (args.readouts / way).glob("*.train.jsonl*")
     }
@@ -95,7 +97,8 @@ def main() -> None:
             letters = _load(args.readouts / "1-letters", name, split) or []
             names = _load(args.readouts / "1-names", name, split) or []
             rows = [r for r in letters if not (by_name and r.kind == "choice")]
-            rows += [r for r in names if r.kind == "choice"] if by_name else []
+            named = [replace(r, length_normalised=per_token and r.lengths is not None) for r in names]
+            rows += [r for r in named if r.kind == "choice"] if by_name else []
             if rows:
                 splits[split] = rows
         if len(splits) == 2:
