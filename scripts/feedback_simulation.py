@@ -5,9 +5,10 @@
 
 `--readouts` holds `record_readouts.py record`'s folders (`1-letters/`, `1-names/`: SET.SPLIT.jsonl[.gz]); choice
 questions are read as the model's shipped calibration file reads them (by letter, by name, or by name with each
-option's mass length-normalised), and its variant per kind is the default each set is simulated on. `--examples` holds the exported samples (SET.SPLIT.jsonl), for the questions
-the learner keys its labels by. Prints the learning curve per set (ECE beside its floor at each K), the label-free
-references, and the verdict at K = 50; writes the JSON and, beside it, a PNG of the curves.
+option's mass length-normalised), and its variant per kind is the default each set is simulated on. `--examples`
+holds the exported samples (SET.SPLIT.jsonl), for the questions the learner keys its labels by. Prints the learning
+curve per set (ECE beside its floor at each K), the label-free references, and the verdict at K = 50; writes the
+JSON and, beside it, a PNG of the curves.
 """
 
 from __future__ import annotations
