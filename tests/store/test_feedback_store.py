@@ -156,6 +156,29 @@ with FeedbackStore(path) as store:  # a new file: the processes also race to cre
 """
 
 
+def test_many_opening_one_new_file_at_once_all_open_it(tmp_path):
+    """16 connections opening one new file at once, 20 times over: each finds it empty, ours, or being made ours,
+    never half made (its tables there and its header not yet ours, when the checks were three separate reads)."""
+
+    def open_it(path: Path, barrier: threading.Barrier, failures: list[str]) -> None:
+        barrier.wait()
+        try:
+            FeedbackStore(path).close()
+        except StoreError as exc:
+            failures.append(str(exc))
+
+    for trial in range(20):
+        path = tmp_path / f"{trial}.sqlite"
+        barrier, failures = threading.Barrier(WRITERS), []
+        threads = [threading.Thread(target=open_it, args=(path, barrier, failures)) for _ in range(WRITERS)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert not failures, failures[0]
+        assert FeedbackStore(path).stats()["labels"] == 0
+
+
 def test_processes_posting_at_once_lose_nothing(tmp_path):
     spawn = multiprocessing.get_context("spawn")
     barrier, results = spawn.Barrier(WRITERS), spawn.Queue()

@@ -244,11 +244,21 @@ class FeedbackStore:
         db.execute(f"PRAGMA synchronous = {'FULL' if self.fsync else 'NORMAL'}")  # per connection, not in the file
 
     def _check_format(self, db: sqlite3.Connection) -> bool:
-        """True for a feedback database this module can read, False for an empty one; else a StoreError."""
-        application = db.execute("PRAGMA application_id").fetchone()[0]
-        version = db.execute("PRAGMA user_version").fetchone()[0]
+        """True for a feedback database this module can read, False for an empty one; else a StoreError. Its reads
+        are one read transaction (where the caller holds none): a file another process is making ours reads as it
+        was before or after, never with the tables made and the header not yet read as ours."""
+        began = not db.in_transaction
+        if began:
+            db.execute("BEGIN")
+        try:
+            application = db.execute("PRAGMA application_id").fetchone()[0]
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            tables = db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+        finally:
+            if began:
+                db.execute("COMMIT")
         if application == 0 and version == 0:
-            if db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
+            if tables:
                 raise self._foreign("it holds other tables")
             return False
         if application != APPLICATION_ID:
