@@ -209,16 +209,22 @@ def _aims(rows: _Rows, platt: bool) -> np.ndarray:
 
 
 def _loss(
-    kind: str, variant: str, theta: np.ndarray, biased: bool, groups: Sequence[_Rows], shrink: float, platt: bool
+    kind: str,
+    variant: str,
+    theta: np.ndarray,
+    biased: bool,
+    groups: Sequence[_Rows],
+    shrink: float,
+    aims: Sequence[np.ndarray],
 ) -> float:
-    """The shrinkage term plus the cross-entropy to what the fit aims at (`_aims`); with `platt` False and no
-    shrinkage, the gold answers' log loss (how cross-validation scores a fit)."""
+    """The shrinkage term plus the cross-entropy to what the fit aims at (`_aims`, one array per group); with the
+    labels as aims and no shrinkage, the gold answers' log loss (how cross-validation scores a fit)."""
     total = 0.5 * shrink * float(theta @ theta)
-    for rows in groups:
+    for rows, aim in zip(groups, aims):
         logits = _logits(kind, variant, theta, biased, rows)
         top = logits.max(axis=1)
         log_p = logits - (top + np.log(np.exp(logits - top[:, None]).sum(axis=1)))[:, None]
-        total -= float((_aims(rows, platt) * log_p).sum())
+        total -= float((aim * log_p).sum())
     return total
 
 
@@ -235,13 +241,14 @@ def fit(
     change). `groups`: the level's samples, one `_Rows` per size n (a bias per answer needs one size)."""
     size = _size(kind, variant, groups[0].log_p.shape[1], biased)
     theta = np.zeros(size) if start is None or len(start) != size else np.array(start, dtype=np.float64)
-    loss = _loss(kind, variant, theta, biased, groups, shrink, platt)
+    aims = [_aims(rows, platt) for rows in groups]  # the same at every step
+    loss = _loss(kind, variant, theta, biased, groups, shrink, aims)
     for _ in range(NEWTON_STEPS):
         grad, hess = shrink * theta, shrink * np.eye(size)
-        for rows in groups:
+        for rows, aim in zip(groups, aims):
             jac = _jacobian(kind, variant, theta, biased, rows)
             probs = _softmax(_logits(kind, variant, theta, biased, rows))
-            residual = probs - _aims(rows, platt)
+            residual = probs - aim
             grad = grad + np.einsum("inp,in->p", jac, residual)
             weighted = np.einsum("inp,in->ip", jac, probs)
             hess = hess + np.einsum("inp,in,inq->pq", jac, probs, jac) - weighted.T @ weighted
@@ -249,7 +256,7 @@ def fit(
         scale = 1.0
         while scale > 1e-4:
             trial = theta + scale * step
-            trial_loss = _loss(kind, variant, trial, biased, groups, shrink, platt)
+            trial_loss = _loss(kind, variant, trial, biased, groups, shrink, aims)
             if trial_loss <= loss:
                 break
             scale /= 2
@@ -304,20 +311,20 @@ def choose_variant(
     with the lowest cross-validated log loss on these labels (folds by position: `CV_FOLDS`; ties go to the
     first, so list λ from the strongest). A bias moves top answers, so it must earn its place: labels that say
     nothing about one answer being favoured leave it out, and accuracy with it."""
-    splits = []  # (train, test) per fold, the same for every candidate
+    splits = []  # (train, test, the test labels as aims) per fold, the same for every candidate
     for fold in range(CV_FOLDS):
         folds = [np.arange(len(rows.gold)) % CV_FOLDS == fold for rows in groups]
         train = [_subset(rows, ~f) for rows, f in zip(groups, folds) if (~f).any()]
         test = [_subset(rows, f) for rows, f in zip(groups, folds) if f.any()]
         if train and test:
-            splits.append((train, test))
+            splits.append((train, test, [_aims(rows, False) for rows in test]))
     losses = {}
     for variant in VARIANTS:
         for biased in (False, True) if biasable else (False,):
             for shrink in shrinks:
                 losses[(variant, biased, shrink)] = sum(
-                    _loss(kind, variant, fit(kind, variant, train, biased, shrink, platt=True), biased, test, 0, False)
-                    for train, test in splits
+                    _loss(kind, variant, fit(kind, variant, train, biased, shrink, platt=True), biased, test, 0, aims)
+                    for train, test, aims in splits
                 )
     return min(losses, key=losses.__getitem__)
 
