@@ -98,8 +98,12 @@ def main() -> None:
             letters = _load(args.readouts / "1-letters", name, split) or []
             names = _load(args.readouts / "1-names", name, split) or []
             rows = [r for r in letters if not (by_name and r.kind == "choice")]
-            named = [replace(r, length_normalised=per_token and r.lengths is not None) for r in names]
-            rows += [r for r in named if r.kind == "choice"] if by_name else []
+            if by_name:  # length-normalised where the file reads names per token
+                rows += [
+                    replace(r, length_normalised=per_token and r.lengths is not None)
+                    for r in names
+                    if r.kind == "choice"
+                ]
             if rows:
                 splits[split] = rows
         if len(splits) == 2:
