@@ -15,11 +15,11 @@ One server (its own process, the model in a process of its own, the defaults oth
    nothing: each must be answered 408 (or closed) within `--body-timeout` and a margin, while phase 2's largest
    requests run again alongside.
 
-The model's and the HTTP process's resident memory are sampled every 10 ms throughout. Per phase: peak and
-retained (after the phase, once its requests are answered) over the start (after a warm-up request), statuses,
-and what /metrics accounts for (the prefix cache and the host caches, in bytes); and for phase 2, the forward
-memory the server estimated (`runtime/budget.py`) beside the model process's measured peak. Ends with one JSON
-line; the JSON goes to results/hostile/DATE[-label].json.
+The model's and the HTTP process's resident memory are sampled every 10 ms throughout. Per phase: peak and retained
+(after the phase, once its requests are answered and the model worker has trimmed) over the start (after a warm-up
+request), statuses, and what /metrics accounts for (the prefix cache and the host caches, in bytes); and for phase
+2, the forward memory the server estimated (`runtime/budget.py`) beside the model process's measured peak. Ends with
+one JSON line; the JSON goes to results/hostile/DATE[-label].json.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from benchmarks.harness import add_output_arguments, output_path, served, table_
 from typedlm.core.errors import LimitExceeded
 from typedlm.core.questions import parse_request
 from typedlm.decide.decider import Decider
+from typedlm.server.heap import IDLE_TRIM_S
 
 NAME_CHARS = 30_000
 WORDS = [
@@ -219,7 +220,7 @@ def main() -> int:
         Sampler(server.pid) as sampler,
     ):
         httpx.post(url + "/v1/systemone", json=SHAPES["many questions"](2), timeout=300)  # warm-up
-        time.sleep(1)
+        time.sleep(IDLE_TRIM_S + 1)  # the warm-up trimmed
         start = sampler.now()
         result["start_mb"] = {part: round(value / 2**20) for part, value in start.items()}
         phases = []
@@ -228,7 +229,7 @@ def main() -> int:
             sampler.reset()
             started = time.perf_counter()
             outcome = run()
-            time.sleep(1)  # what is freed once the phase's requests are answered
+            time.sleep(IDLE_TRIM_S + 1)  # what is freed once the phase's requests are answered (the worker trims)
             after = sampler.now()
             row = {
                 "phase": name,

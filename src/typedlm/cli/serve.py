@@ -227,7 +227,8 @@ def run(args: argparse.Namespace) -> int:
     elif not pending_body_bytes >= args.max_body_bytes:
         raise InvalidRequest("--max-pending-body-bytes must be at least --max-body-bytes (one whole body must fit)")
     _check_listen(args.host, args.port)
-    return_freed_memory()  # large bodies' and requests' memory goes back when they are done (`server.heap`)
+    if args.replicas is not None or args.model_process:  # this process only parses HTTP (the model elsewhere):
+        return_freed_memory()  # large bodies' memory goes back as they are freed (`server.heap`)
     if args.replicas is not None:
         return serve_replicas(args)
     options = _serve_options(args)

@@ -63,9 +63,8 @@ class Replica:
         from typedlm.decide.decider import Decider
         from typedlm.runtime.catalog import short_names
         from typedlm.server.app import create_app
-        from typedlm.server.heap import freeze_start_up_objects, return_freed_memory
+        from typedlm.server.heap import freeze_start_up_objects
 
-        return_freed_memory()  # a large request's memory goes back when it is done
         if not args.on_gpu:
             import torch
 

@@ -1,18 +1,25 @@
 """Memory in a serving process: freed blocks given back to the system, and what start-up loaded set aside once,
 so that the garbage collector's walks skip it.
 
-    return_freed_memory()       # first thing: large blocks freed by a request go back to the system
+    TrimWhenIdle(busy)          # the model worker's: freed memory goes back once the work has stopped a while
+    return_freed_memory()       # a process without the model (the HTTP server's): large blocks go back as freed
     freeze_start_up_objects()   # once the process has loaded what it keeps for its lifetime (model, app)
 
 glibc's allocator serves a block of 128 KiB or more with a mapping of its own, unmapped when freed, but raises that
 threshold to the largest block freed so far (up to 32 MiB): after one large request, a forward's tensors of a few
 MiB each come from the heap, and what the heap holds stays with the process when they are freed. A server's
-requests vary in size, so its memory can ratchet up to its largest forward's and stay there. With the threshold
-fixed, what the model process keeps after the largest admitted requests is what its caches hold (`hostile.py`: 432
-MB kept against 422 MB in the caches, after peaks of 1.3 GB).
-Fixing the threshold (`mallopt(M_MMAP_THRESHOLD)`) keeps such blocks mapped apart, so a request's memory goes
-back when it is done. Where the C library is not glibc, nothing changes.
+requests vary in size, so its memory can ratchet up to its largest forward's and stay there.
 
+Two ways out, measured (docs/performance.md, "Memory"):
+- Fixing the threshold (`mallopt(M_MMAP_THRESHOLD)`, `return_freed_memory`) maps every large block apart and
+  unmaps it when freed. Memory goes back at once, but a CPU forward then faults in and zeroes fresh pages for
+  every activation it makes: the embedded model took 3.4 s instead of 2.5 s for a new 1,266-token document, and
+  HTTP seemed to add 15-45 ms to a tiny model's requests. It stays for a process that never runs the model.
+- Leaving the threshold to glibc and giving the free pages back (`malloc_trim`) once the model worker has had
+  nothing to do for `IDLE_TRIM_S` (`TrimWhenIdle`): requests in a stream reuse the heap's pages at full speed,
+  and an idle server keeps what its caches hold. A trim takes 1-13 ms (more for larger heaps), off every
+  request's path; what a server holds while requests keep coming is bounded by the largest forward admitted
+  (`--max-forward-mb`), as its peak always was. Where the C library is not glibc, nothing is trimmed.
 
 A process that has imported torch and transformers and loaded a model tracks about 400,000 Python objects, nearly
 all kept for its lifetime. CPython's full (generation 2) collection walks every one of them, holding the
@@ -28,21 +35,80 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import gc
+import threading
+from collections.abc import Callable
 
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
 MMAP_THRESHOLD_BYTES = 128 << 10  # glibc's initial threshold, kept from then on
+IDLE_TRIM_S = 1.0  # the model worker idle this long after its last forward: its freed memory goes back
+
+
+@functools.cache
+def _glibc() -> ctypes.CDLL | None:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.mallopt, libc.malloc_trim  # noqa: B018 (glibc's, else AttributeError)
+    except (OSError, AttributeError):
+        return None
+    return libc
 
 
 def return_freed_memory() -> bool:
     """Fix glibc's mmap threshold (see the module), so large freed blocks go back to the system; False where this
-    process's C library is not glibc (nothing changed)."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return False
-    return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES))
+    process's C library is not glibc (nothing changed). For a process that does not run the model."""
+    libc = _glibc()
+    return libc is not None and bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES))
+
+
+def trim_freed_memory() -> bool:
+    """Give the free pages of every heap back to the system (`malloc_trim`); False where there is no glibc or
+    nothing went back."""
+    libc = _glibc()
+    return libc is not None and bool(libc.malloc_trim(0))
+
+
+class TrimWhenIdle:
+    """A thread that trims (`trim_freed_memory`) once work has stopped: `worked()` after each piece of work; the
+    trim follows when `idle_s` passes without another and `busy()` (work in flight or queued) is false. A stream of
+    requests is never trimmed under; an idle process keeps what its caches hold."""
+
+    def __init__(self, busy: Callable[[], bool], idle_s: float = IDLE_TRIM_S):
+        self.busy, self.idle_s = busy, idle_s
+        self.trims = 0  # trims done
+        self._works = self._trimmed_after = 0  # `worked` calls so far; how many of them the last trim followed
+        self._worked = threading.Event()
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="typedlm-trim", daemon=True)
+        self._thread.start()
+
+    def worked(self) -> None:
+        self._works += 1
+        self._worked.set()
+
+    @property
+    def trimmed(self) -> bool:
+        """Whether a trim has followed the last piece of work."""
+        return self._trimmed_after == self._works
+
+    def _loop(self) -> None:
+        while True:
+            self._worked.wait()
+            while not self._closed and self._worked.is_set():  # wait for a quiet `idle_s`
+                self._worked.clear()
+                self._worked.wait(self.idle_s)
+            if self._closed:
+                return
+            works = self._works
+            if not self.busy():  # busy: what is in flight calls `worked` when it is done
+                trim_freed_memory()
+                self.trims, self._trimmed_after = self.trims + 1, works
+
+    def close(self) -> None:
+        self._closed = True
+        self._worked.set()
+        self._thread.join()
 
 
 def freeze_start_up_objects() -> int:

@@ -28,6 +28,8 @@ fault of its own, or one it would meet alone; a batch too large for the device's
 `submit` and `submit_batch` raise a 503 (with Retry-After) when `max_pending` requests are already being prepared,
 running or waiting, and a 504 when the answer takes longer than the timeout (the forward itself finishes in the
 background and still counts as pending until it does). `close` waits for in-flight work: graceful shutdown.
+Once no forward has finished for `heap.IDLE_TRIM_S` and nothing is in flight or queued, the memory the forwards freed
+goes back to the system (`heap.TrimWhenIdle`): requests in a stream reuse it, an idle server does not keep it.
 `stats` gives the model thread's waits since start: for a slot (the device, or the answers, set the pace) and for a
 request with a slot free (the clients, or the preparing threads, do): the server's metrics and `/health` carry them.
 """
@@ -46,6 +48,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from typedlm.server.heap import TrimWhenIdle
 from typedlm.server.status import overloaded, timed_out
 
 logger = logging.getLogger(__name__)
@@ -114,6 +117,7 @@ class ModelWorker:
         self._waits_lock = threading.Lock()  # read from other threads (`stats`): a counter never goes back
         self._in_flight = threading.Semaphore(pipeline_depth)  # a slot per forward launched and not yet finished
         self._finishing: queue.SimpleQueue = queue.SimpleQueue()  # what the finishing thread does, in order
+        self.trim = TrimWhenIdle(lambda: self._launched > self._finished or not self._queue.empty())
         self._finisher = threading.Thread(target=self._finish_loop, name="typedlm-finish", daemon=True)
         self._thread = threading.Thread(target=self._loop, name="typedlm-model", daemon=True)
         self._finisher.start()
@@ -299,6 +303,7 @@ class ModelWorker:
                 self._forward_s = time.perf_counter() - started
                 self._finished += 1
                 self._in_flight.release()
+                self.trim.worked()
             # what the batch's forward left (its whole key/value cache, as views) goes now, not when the next
             # batch arrives: an idle server keeps nothing of its last request beyond the caches
             del task, batch, finish
@@ -339,6 +344,7 @@ class ModelWorker:
             self._timed([job], started)
         finally:
             _settle([outcome])
+            self.trim.worked()
 
     def _timed(self, batch: list[_Job], started: float) -> None:
         if self.on_timing is not None:
@@ -364,6 +370,7 @@ class ModelWorker:
         self._host.shutdown(wait=True)
         self._queue.put(_STOP)
         self._thread.join()
+        self.trim.close()
 
 
 def _settle(outcomes: list[_Outcome]) -> None:
