@@ -3,18 +3,20 @@
     python -m benchmarks.heap_policy                       # the embedded model
     python -m benchmarks.heap_policy --model DIR --requests 40
 
-Two processes load the same model; one fixes glibc's mmap threshold (`return_freed_memory`, what the model process
-did before), the other leaves it to glibc and trims once idle (`trim_freed_memory`, what the model worker does
-now). They answer the same requests taking turns, one request at a time (the other waits): new documents of
-about --prefix-tokens tokens with 1 and with 32 yes/no questions, then one large request (--large-tokens, 64
-questions). Each times `Decider.respond` in its own process; medians per cell, and each process's resident memory
-before the large request, after it, and after a trim (the idle one's; the fixed one has nothing to trim).
+One process per policy (`POLICIES`) loads the same model: glibc's mmap threshold fixed at 128 KiB (what the model
+process did before), left to glibc, or fixed at 16 MiB (`return_freed_memory`); the last two trim
+(`trim_freed_memory`) where asked, as the model worker does once idle. They answer the same requests in turns, one
+request at a time (the others wait; who goes first rotates): new documents of about --prefix-tokens tokens with 1
+and with 32 yes/no questions, then one large request (--large-tokens, 64 questions). Each times `Decider.respond`
+in its own process; medians per cell, and each process's resident memory before the large request, its peak so far
+(`ru_maxrss`), after it, and after a trim.
 """
 
 from __future__ import annotations
 
 import argparse
 import multiprocessing
+import resource
 import statistics
 import time
 
@@ -30,7 +32,12 @@ from benchmarks.harness import (
     write_report,
 )
 
-POLICIES = ("fixed threshold", "trim when idle")
+# a policy: the mmap threshold fixed (bytes) or glibc's own (None), and whether the process trims once idle
+POLICIES = {
+    "128 KiB fixed": (128 << 10, False),
+    "glibc's, trimmed": (None, True),
+    "16 MiB fixed, trimmed": (16 << 20, True),
+}
 
 
 def _serve(policy: str, model: str | None, conn) -> None:
@@ -40,15 +47,18 @@ def _serve(policy: str, model: str | None, conn) -> None:
     from typedlm.decide.decider import Decider
     from typedlm.server.heap import return_freed_memory, trim_freed_memory
 
-    if policy == "fixed threshold":
-        return_freed_memory()
+    threshold, trims = POLICIES[policy]
+    if threshold is not None:
+        return_freed_memory(threshold)
     decider = Decider.load(model, device="cpu", calibration="raw", feedback_db=None)
     conn.send(decider.name)
     while (message := conn.recv()) is not None:
         if message == ("rss",):
             conn.send(psutil.Process().memory_info().rss / 2**20)
+        elif message == ("peak",):
+            conn.send(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10)
         elif message == ("trim",):
-            conn.send(trim_freed_memory() if policy == "trim when idle" else False)
+            conn.send(trim_freed_memory() if trims else False)
         else:
             started = time.perf_counter()
             try:
@@ -92,31 +102,34 @@ def main() -> None:
         return answer
 
     rows = []
-    print(table_head(("cell", *(f"{p} ms" for p in POLICIES), "ratio"), "lrrr"))
+    print(table_head(("cell", *(f"{p} ms" for p in POLICIES)), "l" + "r" * len(POLICIES)))
     for questions in (1, 32):
         body = {"questions": wire(make_questions(questions))}
         times: dict[str, list[float]] = {policy: [] for policy in POLICIES}
         for i in range(args.requests + 2):  # the first two: warm-up
             state = documents.next()
-            for policy in POLICIES if i % 2 else reversed(POLICIES):  # who goes first alternates
+            turn = list(POLICIES)
+            for policy in turn[i % len(turn) :] + turn[: i % len(turn)]:  # who goes first rotates
                 ms = ask(policy, {**body, "state": state})
                 if i >= 2:
                     times[policy].append(ms)
         medians = {policy: statistics.median(values) for policy, values in times.items()}
         row = {"cell": f"Q = {questions}, new document", "median_ms": medians, "ms": times}
-        row["ratio"] = medians[POLICIES[0]] / medians[POLICIES[1]]
         rows.append(row)
-        print(table_row((row["cell"], *(f"{medians[p]:.1f}" for p in POLICIES), f"{row['ratio']:.2f}")))
+        print(table_row((row["cell"], *(f"{medians[p]:.1f}" for p in POLICIES))))
     memory: dict[str, dict[str, float]] = {policy: {"before_large_mb": ask(policy, ("rss",))} for policy in POLICIES}
     body = {"questions": wire(make_questions(64)), "state": large.next()}
     for policy in POLICIES:
         memory[policy]["large_request_ms"] = ask(policy, body)
         memory[policy]["after_large_mb"] = ask(policy, ("rss",))
+        memory[policy]["peak_mb"] = ask(policy, ("peak",))
         memory[policy]["trimmed"] = ask(policy, ("trim",))
         memory[policy]["after_trim_mb"] = ask(policy, ("rss",))
-    print(table_head(("policy", "MB before the large request", "after it", "after a trim", "its ms"), "lrrrr"))
+    columns = ("policy", "MB before the large request", "peak", "after it", "after a trim", "its ms")
+    print(table_head(columns, "lrrrrr"))
     for policy, row in memory.items():
-        cells = (row["before_large_mb"], row["after_large_mb"], row["after_trim_mb"], row["large_request_ms"])
+        cells = (row["before_large_mb"], row["peak_mb"], row["after_large_mb"], row["after_trim_mb"])
+        cells += (row["large_request_ms"],)
         print(table_row((policy, *(f"{value:.0f}" for value in cells))))
     for policy in POLICIES:
         pipes[policy].send(None)

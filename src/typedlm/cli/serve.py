@@ -209,7 +209,12 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from typedlm.server import create_app
-    from typedlm.server.heap import freeze_start_up_objects, return_freed_memory
+    from typedlm.server.heap import (
+        MMAP_THRESHOLD_BYTES,
+        MODEL_MMAP_THRESHOLD_BYTES,
+        freeze_start_up_objects,
+        return_freed_memory,
+    )
     from typedlm.server.model_process import ModelProcess
     from typedlm.server.protocol import bounded_protocol
 
@@ -227,8 +232,10 @@ def run(args: argparse.Namespace) -> int:
     elif not pending_body_bytes >= args.max_body_bytes:
         raise InvalidRequest("--max-pending-body-bytes must be at least --max-body-bytes (one whole body must fit)")
     _check_listen(args.host, args.port)
-    if args.replicas is not None or args.model_process:  # this process only parses HTTP (the model elsewhere):
-        return_freed_memory()  # large bodies' memory goes back as they are freed (`server.heap`)
+    # large blocks go back as they are freed (`server.heap`): a body's, where the model is elsewhere; a large
+    # forward's, where it is here (a usual forward's when the model worker is idle)
+    only_http = args.replicas is not None or args.model_process
+    return_freed_memory(MMAP_THRESHOLD_BYTES if only_http else MODEL_MMAP_THRESHOLD_BYTES)
     if args.replicas is not None:
         return serve_replicas(args)
     options = _serve_options(args)

@@ -63,7 +63,9 @@ class Replica:
         from typedlm.decide.decider import Decider
         from typedlm.runtime.catalog import short_names
         from typedlm.server.app import create_app
-        from typedlm.server.heap import freeze_start_up_objects
+        from typedlm.server.heap import MODEL_MMAP_THRESHOLD_BYTES, freeze_start_up_objects, return_freed_memory
+
+        return_freed_memory(MODEL_MMAP_THRESHOLD_BYTES)  # a large forward's blocks go back as freed; the rest when idle
 
         if not args.on_gpu:
             import torch

@@ -1,25 +1,27 @@
 """Memory in a serving process: freed blocks given back to the system, and what start-up loaded set aside once,
 so that the garbage collector's walks skip it.
 
-    TrimWhenIdle(busy)          # the model worker's: freed memory goes back once the work has stopped a while
-    return_freed_memory()       # a process without the model (the HTTP server's): large blocks go back as freed
-    freeze_start_up_objects()   # once the process has loaded what it keeps for its lifetime (model, app)
+    return_freed_memory(MODEL_MMAP_THRESHOLD_BYTES)   # a model's process: a large forward's blocks go back as freed
+    TrimWhenIdle(busy)                                # its model worker: the rest goes back once the work stops
+    return_freed_memory()                             # a process without the model (HTTP): large bodies go back
+    freeze_start_up_objects()                         # once the process has loaded what it keeps (model, app)
 
 glibc's allocator serves a block of 128 KiB or more with a mapping of its own, unmapped when freed, but raises that
 threshold to the largest block freed so far (up to 32 MiB): after one large request, a forward's tensors of a few
 MiB each come from the heap, and what the heap holds stays with the process when they are freed. A server's
 requests vary in size, so its memory can ratchet up to its largest forward's and stay there.
 
-Two ways out, measured (docs/performance.md, "Memory"):
-- Fixing the threshold (`mallopt(M_MMAP_THRESHOLD)`, `return_freed_memory`) maps every large block apart and
-  unmaps it when freed. Memory goes back at once, but a CPU forward then faults in and zeroes fresh pages for
-  every activation it makes: the embedded model took 3.4 s instead of 2.5 s for a new 1,266-token document, and
-  HTTP seemed to add 15-45 ms to a tiny model's requests. It stays for a process that never runs the model.
-- Leaving the threshold to glibc and giving the free pages back (`malloc_trim`) once the model worker has had
-  nothing to do for `IDLE_TRIM_S` (`TrimWhenIdle`): requests in a stream reuse the heap's pages at full speed,
-  and an idle server keeps what its caches hold. A trim takes 1-13 ms (more for larger heaps), off every
-  request's path; what a server holds while requests keep coming is bounded by the largest forward admitted
-  (`--max-forward-mb`), as its peak always was. Where the C library is not glibc, nothing is trimmed.
+Three ways, measured (docs/performance.md, "Memory"):
+- The threshold fixed at 128 KiB: every large block mapped apart and unmapped when freed. Memory goes back at
+  once, but a CPU forward faults in and zeroes fresh pages for each activation it makes: the embedded model took
+  3.3 s instead of 2.4 s for a new 1,266-token document. Kept for a process that never runs the model.
+- The threshold left to glibc, the free pages given back (`malloc_trim`) once the model worker has had nothing to
+  do for `IDLE_TRIM_S` (`TrimWhenIdle`): as fast, but a large forward's blocks then come from the heap too, which
+  fragments, and the largest admitted requests peaked at 2.2-2.3 GB against 1.3 GB.
+- The threshold fixed at 16 MiB (`MODEL_MMAP_THRESHOLD_BYTES`) and the idle trim, what a model's process does: a
+  usual forward's blocks (a few MiB) are reused from the heap at full speed; a large forward's are mapped apart
+  and go back as freed; an idle server keeps what its caches hold. A trim takes 1-13 ms, off every request's path.
+  Where the C library is not glibc, nothing changes.
 
 A process that has imported torch and transformers and loaded a model tracks about 400,000 Python objects, nearly
 all kept for its lifetime. CPython's full (generation 2) collection walks every one of them, holding the
@@ -40,8 +42,9 @@ import gc
 import threading
 from collections.abc import Callable
 
-M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
-MMAP_THRESHOLD_BYTES = 128 << 10  # glibc's initial threshold, kept from then on
+M_MMAP_THRESHOLD, M_TRIM_THRESHOLD = -3, -1  # glibc's mallopt parameters
+MMAP_THRESHOLD_BYTES = 128 << 10  # glibc's initial threshold: a process that never runs the model keeps it
+MODEL_MMAP_THRESHOLD_BYTES = 16 << 20  # a model's process: a usual forward's blocks from the heap, a large one's apart
 IDLE_TRIM_S = 1.0  # the model worker idle this long after its last forward: its freed memory goes back
 
 
@@ -55,11 +58,14 @@ def _glibc() -> ctypes.CDLL | None:
     return libc
 
 
-def return_freed_memory() -> bool:
-    """Fix glibc's mmap threshold (see the module), so large freed blocks go back to the system; False where this
-    process's C library is not glibc (nothing changed). For a process that does not run the model."""
+def return_freed_memory(threshold: int = MMAP_THRESHOLD_BYTES) -> bool:
+    """Fix glibc's mmap threshold at `threshold` (see the module): blocks that large or larger are mapped apart and
+    go back to the system as they are freed; above glibc's initial threshold, the heap's top is kept up to twice it
+    (glibc's own ratio) rather than given back and faulted in again. False where the C library is not glibc."""
     libc = _glibc()
-    return libc is not None and bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES))
+    if libc is None or not libc.mallopt(M_MMAP_THRESHOLD, threshold):
+        return False
+    return threshold <= MMAP_THRESHOLD_BYTES or bool(libc.mallopt(M_TRIM_THRESHOLD, 2 * threshold))
 
 
 def trim_freed_memory() -> bool:

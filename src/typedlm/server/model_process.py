@@ -48,7 +48,7 @@ from typedlm.core.answers import Response
 from typedlm.core.bounded import resident_bytes
 from typedlm.core.errors import ModelError
 from typedlm.core.questions import FeedbackRequest, Question, Text
-from typedlm.server.heap import freeze_start_up_objects
+from typedlm.server.heap import MODEL_MMAP_THRESHOLD_BYTES, freeze_start_up_objects, return_freed_memory
 from typedlm.server.serving import DeciderLike, InProcessModel, Stats
 from typedlm.server.settings import ServerSettings
 from typedlm.server.status import APIError, error_status, overloaded, timed_out
@@ -243,6 +243,7 @@ def run_model_process(load: Callable[[], DeciderLike], settings: ServerSettings,
     pipe and queues each request on the worker (`InProcessModel.start`); the thread that settles a request (the
     worker's finishing thread, or a host thread when preparing fails) sends its reply."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group; the server closes us
+    return_freed_memory(MODEL_MMAP_THRESHOLD_BYTES)  # a large forward's blocks go back as freed; the rest when idle
     try:
         model = InProcessModel(load(), settings)
     except BaseException as exc:
