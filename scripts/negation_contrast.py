@@ -74,9 +74,10 @@ def main() -> int:
         }
         name = path.name.split(".")[0]
         report["sets"][name] = row
+        raw, contrast = row["raw"], row["contrast"]
         print(
-            f"| {name} | {row['pairs']} | {row['share_yes']:.2f} | {row['raw']['accuracy']:.3f} | {row['raw']['auc']:.3f}"
-            f" | {row['contrast']['accuracy']:.3f} | {row['contrast']['auc']:.3f} | {row['raw_pair_gap']:.3f} |"
+            f"| {name} | {row['pairs']} | {row['share_yes']:.2f} | {raw['accuracy']:.3f} | {raw['auc']:.3f}"
+            f" | {contrast['accuracy']:.3f} | {contrast['auc']:.3f} | {row['raw_pair_gap']:.3f} |"
         )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
