@@ -26,7 +26,7 @@ from benchmarks.harness import ClientProcesses, make_questions, served_app, tiny
 from typedlm.decide.decider import Decider
 from typedlm.runtime.models import load_model
 from typedlm.server import create_app
-from typedlm.server.settings import ServerSettings
+from typedlm.serving.settings import ServerSettings
 
 
 def cpu_by_thread() -> dict[int, float]:

@@ -53,8 +53,8 @@ from benchmarks.harness import (
 )
 from benchmarks.throughput import GpuBusy, attention_decider, run_clients
 from typedlm.decide.decider import Decider
-from typedlm.server.heap import freeze_start_up_objects
-from typedlm.server.worker import HOST_THREADS, PIPELINE_DEPTH, ModelWorker
+from typedlm.serving.heap import freeze_start_up_objects
+from typedlm.serving.worker import HOST_THREADS, PIPELINE_DEPTH, ModelWorker
 from typedlm.text.pieces import PIECE_CHARS
 from typedlm.text.prompt import ChatLayout
 

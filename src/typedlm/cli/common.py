@@ -79,7 +79,7 @@ def read_body(path: str | None) -> object:
 def aliases(name: str) -> tuple[str, ...]:
     """The other names a request's `model` may use for the model named `name` (`ask` and `serve` alike): the
     default aliases and, for a named model, its short names (qwen2.5-coder-0.5b)."""
-    from typedlm.server.settings import DEFAULT_ALIASES
+    from typedlm.serving.settings import DEFAULT_ALIASES
 
     return (*DEFAULT_ALIASES, *short_names(name))
 

@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING
 from typedlm.cli.common import EXIT_MODEL, add_calibration_options, add_model_options, aliases, feedback_path
 from typedlm.core.errors import InvalidRequest, TypedLMError
 from typedlm.runtime.models import EMBEDDED_MODEL
-from typedlm.server.settings import API_KEYS_ENV, BODY_TIMEOUT_S, DEFAULT_MAX_BATCH, HEAD_TIMEOUT_S, PENDING_BODIES
+from typedlm.serving.settings import API_KEYS_ENV, BODY_TIMEOUT_S, DEFAULT_MAX_BATCH, HEAD_TIMEOUT_S, PENDING_BODIES
 
 if TYPE_CHECKING:
-    from typedlm.server.options import ServeOptions
+    from typedlm.serving.options import ServeOptions
 
 KEEP_ALIVE_S = 5  # idle keep-alive connections are closed after this many seconds
 
@@ -174,8 +174,8 @@ def _serve_options(args: argparse.Namespace, kind: type[ServeOptions] | None = N
     subclass, given `more` fields); a bad value is an InvalidRequest naming its option."""
     from pydantic import ValidationError
 
-    from typedlm.server.options import ServeOptions
-    from typedlm.server.settings import keys_from_env
+    from typedlm.serving.options import ServeOptions
+    from typedlm.serving.settings import keys_from_env
 
     try:
         return (kind or ServeOptions)(
@@ -209,14 +209,14 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from typedlm.server import create_app
-    from typedlm.server.heap import (
+    from typedlm.server.protocol import bounded_protocol
+    from typedlm.serving.heap import (
         MMAP_THRESHOLD_BYTES,
         MODEL_MMAP_THRESHOLD_BYTES,
         freeze_start_up_objects,
         return_freed_memory,
     )
-    from typedlm.server.model_process import ModelProcess
-    from typedlm.server.protocol import bounded_protocol
+    from typedlm.serving.model_process import ModelProcess
 
     if args.max_queue < 1:
         raise InvalidRequest("--max-queue must be at least 1")
@@ -232,7 +232,7 @@ def run(args: argparse.Namespace) -> int:
     elif not pending_body_bytes >= args.max_body_bytes:
         raise InvalidRequest("--max-pending-body-bytes must be at least --max-body-bytes (one whole body must fit)")
     _check_listen(args.host, args.port)
-    # large blocks go back as they are freed (`server.heap`): a body's, where the model is elsewhere; a large
+    # large blocks go back as they are freed (`serving.heap`): a body's, where the model is elsewhere; a large
     # forward's, where it is here (a usual forward's when the model worker is idle)
     only_http = args.replicas is not None or args.model_process
     return_freed_memory(MMAP_THRESHOLD_BYTES if only_http else MODEL_MMAP_THRESHOLD_BYTES)

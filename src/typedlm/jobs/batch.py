@@ -5,7 +5,7 @@
 Input: JSON Lines (one request body per line) or Parquet (one per row; needs pyarrow), or rows holding a `state`
 with the questions given once (`questions=`). Output: JSON Lines, row by row in input order, each
 `{"id": ..., "response": {...}}` with the server's response body, or `{"id": ..., "error": {"status": ...,
-"detail": ...}}` with the status and body the server would answer (`server.status.error_status`); `id` is the row's
+"detail": ...}}` with the status and body the server would answer (`serving.status.error_status`); `id` is the row's
 own "id" field, else its line number in the input (1-based, blank lines counted: what an editor shows; Parquet: its
 1-based row number). A bad row becomes an error record, never a failed job.
 
@@ -31,8 +31,8 @@ from typing import Any
 
 from typedlm.core.errors import InvalidRequest
 from typedlm.core.questions import FeedbackRequest, parse_feedback, parse_request
-from typedlm.server.status import APIError, error_status, model_not_found
-from typedlm.server.worker import MAX_BATCH_TOKENS  # tokens of the rows one forward answers, at most
+from typedlm.serving.status import APIError, error_status, model_not_found
+from typedlm.serving.worker import MAX_BATCH_TOKENS  # tokens of the rows one forward answers, at most
 
 
 @dataclass(frozen=True)

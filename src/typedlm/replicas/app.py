@@ -33,9 +33,9 @@ from typedlm.replicas.keys import CHAT, document_key
 from typedlm.replicas.routing import DocumentAffinityRouter
 from typedlm.server.chat import openai_error
 from typedlm.server.errors import to_response
-from typedlm.server.options import ServeOptions
-from typedlm.server.settings import DEFAULT_ALIASES
-from typedlm.server.status import APIError
+from typedlm.serving.options import ServeOptions
+from typedlm.serving.settings import DEFAULT_ALIASES
+from typedlm.serving.status import APIError
 
 APP_NAME = "typedlm"
 REPLICA = "TypedLMReplica"
@@ -63,7 +63,7 @@ class Replica:
         from typedlm.decide.decider import Decider
         from typedlm.runtime.catalog import short_names
         from typedlm.server.app import create_app
-        from typedlm.server.heap import MODEL_MMAP_THRESHOLD_BYTES, freeze_start_up_objects, return_freed_memory
+        from typedlm.serving.heap import MODEL_MMAP_THRESHOLD_BYTES, freeze_start_up_objects, return_freed_memory
 
         return_freed_memory(MODEL_MMAP_THRESHOLD_BYTES)  # a large forward's blocks go back as freed; the rest when idle
 
@@ -198,7 +198,7 @@ def build_app(args: ReplicaArgs) -> serve.Application:
 def app_builder(args: dict[str, Any]) -> serve.Application:
     """Ray Serve's application builder: `serve run typedlm.replicas.app:app_builder replicas=2 model=NAME`.
     API keys also come from TYPEDLM_API_KEYS, as for `typedlm serve`."""
-    from typedlm.server.settings import keys_from_env
+    from typedlm.serving.settings import keys_from_env
 
     options = ReplicaArgs.model_validate(args)
     options = options.model_copy(update={"api_keys": [*options.api_keys, *keys_from_env()]})

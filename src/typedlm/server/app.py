@@ -1,4 +1,4 @@
-"""The FastAPI application: routes that translate between the wire and a served model (`serving`).
+"""The FastAPI application: routes that translate between the wire and a served model (`typedlm.serving`).
 
     app = create_app(decider, ServerSettings(api_keys=("secret",)))   # the decider in this process
     app = create_app(ModelProcess(load, settings), settings)           # the model in a process of its own
@@ -43,9 +43,9 @@ from typedlm.server.body import MAX_JSON_DEPTH, NotJSON, parse_json, read_body
 from typedlm.server.errors import APIError, install_handlers
 from typedlm.server.metrics import RequestLog, RequestRecord, ServerMetrics
 from typedlm.server.observing import ObserveRequests
-from typedlm.server.serving import DeciderLike, InProcessModel, ServedModel
-from typedlm.server.settings import ServerSettings
-from typedlm.server.status import model_not_found
+from typedlm.serving.served import DeciderLike, InProcessModel, ServedModel
+from typedlm.serving.settings import ServerSettings
+from typedlm.serving.status import model_not_found
 
 VERSION = "0.1.0"
 DOCS_ASSETS = "/docs-assets"  # Swagger UI's files, served from the fastapi-offline package: /docs works offline

@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from typedlm.core.errors import TypedLMError
-from typedlm.server.status import APIError, error_body, error_status
+from typedlm.serving.status import APIError, error_body, error_status
 
 
 def to_response(exc: Exception) -> JSONResponse:

@@ -48,11 +48,11 @@ from typedlm.core.answers import Response
 from typedlm.core.bounded import resident_bytes
 from typedlm.core.errors import ModelError
 from typedlm.core.questions import FeedbackRequest, Question, Text
-from typedlm.server.heap import MODEL_MMAP_THRESHOLD_BYTES, freeze_start_up_objects, return_freed_memory
-from typedlm.server.serving import DeciderLike, InProcessModel, Stats
-from typedlm.server.settings import ServerSettings
-from typedlm.server.status import APIError, error_status, overloaded, timed_out
-from typedlm.server.worker import resolve
+from typedlm.serving.heap import MODEL_MMAP_THRESHOLD_BYTES, freeze_start_up_objects, return_freed_memory
+from typedlm.serving.served import DeciderLike, InProcessModel, Stats
+from typedlm.serving.settings import ServerSettings
+from typedlm.serving.status import APIError, error_status, overloaded, timed_out
+from typedlm.serving.worker import resolve
 
 logger = logging.getLogger(__name__)
 

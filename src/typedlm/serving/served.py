@@ -18,8 +18,8 @@ from typing import Any, Protocol, runtime_checkable
 
 from typedlm.core.answers import Response
 from typedlm.core.questions import FeedbackRequest, Question, Text
-from typedlm.server.settings import ServerSettings
-from typedlm.server.worker import ModelWorker
+from typedlm.serving.settings import ServerSettings
+from typedlm.serving.worker import ModelWorker
 
 Stats = dict[str, dict[str, float]]  # counters and sizes by group
 

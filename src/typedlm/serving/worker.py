@@ -48,8 +48,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from typedlm.server.heap import TrimWhenIdle
-from typedlm.server.status import overloaded, timed_out
+from typedlm.serving.heap import TrimWhenIdle
+from typedlm.serving.status import overloaded, timed_out
 
 logger = logging.getLogger(__name__)
 

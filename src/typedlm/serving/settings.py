@@ -26,7 +26,7 @@ DEFAULT_MAX_BATCH = 64
 class ServerSettings:
     api_keys: tuple[str, ...] = ()  # empty: auth off
     max_queue: int = 16  # requests running or waiting for the model; more get 503 + Retry-After
-    max_batch: int = DEFAULT_MAX_BATCH  # requests one forward may answer (where the decider can; see server.worker)
+    max_batch: int = DEFAULT_MAX_BATCH  # requests one forward may answer (where the decider can; see serving.worker)
     request_timeout_s: float = 300.0
     max_body_bytes: int = 8 * 1024 * 1024  # after decompression too
     aliases: tuple[str, ...] = DEFAULT_ALIASES  # model names that mean "the served model"

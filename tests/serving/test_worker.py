@@ -11,7 +11,7 @@ from collections.abc import Callable
 import pytest
 
 from typedlm.server.errors import APIError
-from typedlm.server.worker import ModelWorker
+from typedlm.serving.worker import ModelWorker
 
 
 class SlowBatches:

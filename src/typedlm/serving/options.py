@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from typedlm.core.options import EngineOptions
-from typedlm.server.settings import DEFAULT_ALIASES, DEFAULT_MAX_BATCH, ServerSettings
+from typedlm.serving.settings import DEFAULT_ALIASES, DEFAULT_MAX_BATCH, ServerSettings
 
 
 class ServeOptions(BaseModel):
