@@ -64,7 +64,7 @@ LONGEST_FIRST = (
     "offline/test_evaluate.py",
     "decide/test_decider.py",
     "decide/test_feedback.py",
-    "server/test_model_process.py",
+    "serving/test_model_process.py",
     "server/test_server.py",
 )
 
