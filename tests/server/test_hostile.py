@@ -95,7 +95,8 @@ def test_hostile_clients_get_answers_or_4xx_and_leave_only_bounded_caches(hostil
     with ThreadPoolExecutor(8) as pool:
         answers = list(pool.map(lambda args: stalled(url, *args), [short] * 6 + [chunked] * 2))
     for status_line, seconds in answers:
-        assert status_line == "HTTP/1.1 408 Request Timeout" and BODY_TIMEOUT_S <= seconds < BODY_TIMEOUT_S + 5
+        # the event loop's timers may fire up to its clock's resolution early (a millisecond on uvloop's)
+        assert status_line == "HTTP/1.1 408 Request Timeout" and BODY_TIMEOUT_S - 0.01 <= seconds < BODY_TIMEOUT_S + 5
     gc.collect()
     deadline = time.monotonic() + trim.idle_s + 10
     while not trim.trimmed and time.monotonic() < deadline:  # the worker idle: what the forwards freed goes back

@@ -325,9 +325,14 @@ def test_close_waits_for_the_forwards_in_flight_and_a_failing_callback_stops_not
         worker, model = ModelWorker(max_pending=8, max_batch=1, on_batch=broken_callback), SlowBatches(0.1)
         asks = [asyncio.create_task(_ask(worker, model, i)) for i in range(3)]
         await _until(lambda: len(model.sizes) == 2 and worker._queue.qsize() == 1)  # two launched, one waiting
-        await asyncio.get_running_loop().run_in_executor(None, worker.close)
-        assert all(ask.done() for ask in asks), "close returned before every request was answered"
-        return [ask.result() for ask in asks]
+
+        def close() -> list:
+            worker.close()
+            return [items for what, items in model.log if what == "answered"]  # as close returns, on its thread
+
+        answered = await asyncio.get_running_loop().run_in_executor(None, close)
+        assert sorted(answered) == [(0,), (1,), (2,)], "close returned before every request was answered"
+        return await asyncio.wait_for(asyncio.gather(*asks), 5)  # settled: the event loop only has to see it
 
     assert asyncio.run(main()) == [0, 2, 4]
 
