@@ -31,8 +31,8 @@ from typing import Any
 
 from typedlm.core.errors import InvalidRequest
 from typedlm.core.questions import FeedbackRequest, parse_feedback, parse_request
+from typedlm.serving.batching import groups
 from typedlm.serving.status import APIError, error_status, model_not_found
-from typedlm.serving.worker import MAX_BATCH_TOKENS  # tokens of the rows one forward answers, at most
 
 
 @dataclass(frozen=True)
@@ -132,8 +132,8 @@ def answer_rows(
     decider, rows: list[tuple[int, Any]], questions: Mapping[str, Any] | None = None, served: Iterable[str] = ()
 ) -> list[dict[str, Any]]:
     """The records of rows (line number, row) in order: every valid row prepared, then answered by as few forwards
-    as the decider batches (`max_batch` rows and MAX_BATCH_TOKENS tokens each); `served`: the model names a row may
-    give (default: the decider's own)."""
+    as the decider batches (`max_batch` rows each, within the server's token limit: `serving.batching.groups`);
+    `served`: the model names a row may give (default: the decider's own)."""
     served = tuple(served) or (decider.name,)
     items: list[Any] = []
     feedback: list[FeedbackRequest | None] = []  # per row: its gold answers, where it has some
@@ -158,16 +158,8 @@ def answer_rows(
             feedback.append(None)
     prepared = [item for item in items if not isinstance(item, BaseException)]
     responses: list[Any] = []
-    start = 0
-    while start < len(prepared):  # groups within the batch limits, each one forward
-        end, tokens = start, 0
-        while end < len(prepared) and end - start < decider.max_batch:
-            if end > start and tokens + prepared[end].tokens > MAX_BATCH_TOKENS:
-                break
-            tokens += prepared[end].tokens
-            end += 1
-        responses += _decide_group(decider, prepared[start:end])
-        start = end
+    for group in groups(prepared, lambda item: item.tokens, decider.max_batch):  # each one forward
+        responses += _decide_group(decider, group)
     answers = iter(responses)
     records = []
     for (number, row), item, posted in zip(rows, items, feedback, strict=True):

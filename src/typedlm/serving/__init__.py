@@ -3,6 +3,7 @@ the model in this process or in a process of its own, the serving process's memo
 options, and the statuses its errors map to.
 
     worker         ModelWorker: requests prepared on host threads, batched, launched and finished on threads of its own
+    batching       one forward's limits (requests, tokens): the worker's and the batch jobs'
     served         ServedModel (what the routes answer with), InProcessModel (a decider behind a worker)
     model_process  ModelProcess: the same in a process of its own (`typedlm serve`'s default)
     heap           the serving processes' memory (mmap threshold, trims once idle) and the collector's frozen start-up

@@ -48,6 +48,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from typedlm.serving.batching import MAX_BATCH, MAX_BATCH_TOKENS, fits
 from typedlm.serving.heap import TrimWhenIdle
 from typedlm.serving.status import overloaded, timed_out
 
@@ -56,8 +57,6 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 P = TypeVar("P")
 
-MAX_BATCH = 64  # requests answered by one forward, at most
-MAX_BATCH_TOKENS = 65536  # tokens of one forward, at most (a single larger request still runs, alone)
 PIPELINE_DEPTH = 2  # forwards in flight: one running, the next queued behind it while the host finishes answers
 GATHER_GAP_S = 0.0  # > 0: with a forward in flight, a batch waits for more requests until this passes without one
 GATHER_SHARE = 0.25  # ... and for at most this share of the last forward's time (launch to answers)
@@ -219,8 +218,11 @@ class ModelWorker:
                 waiting = self._next_waiting(carried, until)
                 if waiting is None:
                     break
-                fits = tokens + getattr(waiting, "tokens", 0) <= self.max_batch_tokens
-                if waiting is _STOP or waiting.launch_batch != job.launch_batch or not fits:
+                if (
+                    waiting is _STOP
+                    or waiting.launch_batch != job.launch_batch
+                    or not fits(len(batch), tokens, waiting.tokens, self.max_batch, self.max_batch_tokens)
+                ):
                     carried.appendleft(waiting)
                     break
                 batch.append(waiting)
