@@ -134,7 +134,7 @@ def main() -> None:
                     print(table_row([row["cell"], *(f"{c:.2f}" if isinstance(c, float) else c for c in cells)]))
     report = {
         "benchmark": "served_path", "model": args.model or "tiny-qwen3", "date": time.strftime("%Y-%m-%d"),
-        **host_cpu(), "serve_options": options[6:], "prefix_tokens": args.prefix_tokens, "rows": rows,
+        **host_cpu(), "serve_options": args.serve_option, "prefix_tokens": args.prefix_tokens, "rows": rows,
     }  # fmt: skip
     label = (option.lstrip("-") for option in args.serve_option)
     print(f"wrote {write_report(report, output_path(args, 'served_path', *label))}")
