@@ -3,13 +3,16 @@ real `typedlm serve` in its own, taking turns request by request.
 
     python -m benchmarks.served_path                                  # a tiny random Qwen3: host work dominates
     python -m benchmarks.served_path --model DIR --serve-option=--no-model-process
+    python -m benchmarks.served_path --device cuda --random-qwen3-0.6b --tokenizer DIR
 
 Cells: Q = 1 and Q = 32 yes/no questions, each on a new document per request (P ≈ --prefix-tokens) and on one
 document again (prefix cached). The server is started as a user starts it (the model in a process of its own
 unless --serve-option says otherwise, `--calibration raw --feedback-db none` like the decider here); the client
-keeps one connection open (`http.client`). Besides the medians, the server's own split of each cell from its
-/metrics (means over the cell's requests, warm-up included): the wait for the model thread and the forward
-(launch to answers, `typedlm_forward_seconds`); the rest of a served request is HTTP, the route, preparing
+keeps one connection open (`http.client`). Each path has its turn for --block requests in a row, after a pause
+in which the other's threads go idle (an OpenMP worker that has just finished spins for a while, and on a machine
+of few cores it would take a core from the other path's forward). Besides the medians, the server's own split of
+each cell from its /metrics (means over the cell's requests, warm-up included): the wait for the model thread and
+the forward (launch to answers, `typedlm_forward_seconds`); the rest of a served request is HTTP, the route, preparing
 (tokenizing) and the hops between threads and processes. Ends with the JSON path (results/served_path/DATE.json).
 """
 
@@ -25,8 +28,12 @@ from urllib.parse import urlparse
 
 from benchmarks.harness import (
     Documents,
+    add_model_arguments,
     add_output_arguments,
+    default_dtype,
+    device_kind,
     host_cpu,
+    load_benchmark_model,
     make_questions,
     output_path,
     served,
@@ -39,6 +46,7 @@ from benchmarks.harness import (
 from typedlm.decide.decider import Decider
 from typedlm.text.prompt import ChatLayout
 
+SETTLE_S = 0.1  # between blocks: longer than an idle OpenMP worker spins before it sleeps
 SPLIT = ("typedlm_queue_wait_seconds", "typedlm_forward_seconds")  # the server's histograms of a request's time
 
 
@@ -57,24 +65,27 @@ def server_split(host: str, port: int) -> dict[str, tuple[float, float]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default=None, help="a model directory or id (default: a tiny random Qwen3)")
+    add_model_arguments(parser)
     parser.add_argument("--questions", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--requests", type=int, default=60, help="measured requests per cell and path")
     parser.add_argument("--prefix-tokens", type=int, default=1266)
+    parser.add_argument("--block", type=int, default=10, help="requests in a row on one path before the other's turn")
     parser.add_argument("--pause-ms", type=float, default=0.0, help="a pause before each request")
     parser.add_argument("--serve-option", action="append", default=[], help="passed to typedlm serve (repeatable)")
     add_output_arguments(parser, "served_path")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
-        model = args.model
+        model, dtype = args.model, args.dtype or default_dtype(args.device)
         if model is None:  # saved, for the server to load the same weights
-            tiny = tiny_qwen3()
-            tiny.model.save_pretrained(folder)
-            tiny.tokenizer.save_pretrained(folder)
+            loaded = load_benchmark_model(args)[0] if args.random_qwen3_06b else tiny_qwen3()
+            loaded.model.save_pretrained(folder)
+            loaded.tokenizer.save_pretrained(folder)
             model = folder
-        decider = Decider.load(model, device="cpu", calibration="raw", feedback_db=None)
+            del loaded
+        decider = Decider.load(model, device=args.device, dtype=dtype, calibration="raw", feedback_db=None)
         documents = Documents(ChatLayout(decider.tokenizer), args.prefix_tokens)
-        options = ["--model", model, "--calibration", "raw", "--feedback-db", "none", *args.serve_option]
+        options = ["--model", model, "--device", args.device, "--dtype", dtype]
+        options += ["--calibration", "raw", "--feedback-db", "none", *args.serve_option]
         with served(*options) as (url, _server):
             address = urlparse(url)
             client = http.client.HTTPConnection(address.hostname, address.port)
@@ -103,14 +114,16 @@ def main() -> None:
                     same = documents.next()
                     before = server_split(address.hostname, address.port)
                     times: dict[str, list[float]] = {"in_process": [], "http": []}
-                    for i in range(args.requests + 5):  # the first five: warm-up
-                        paths = (("in_process", in_process), ("http", over_http))
-                        for path, run in paths if i % 2 else reversed(paths):  # who goes first alternates
-                            state = documents.next() if kind == "new document" else same
-                            time.sleep(args.pause_ms / 1e3)
-                            seconds = run({**body, "state": state})
-                            if i >= 5:
-                                times[path].append(1e3 * seconds)
+                    paths = (("in_process", in_process), ("http", over_http))
+                    for turn in range(-(-args.requests // args.block) + 1):  # the first turn: warm-up
+                        for path, run in paths if turn % 2 else reversed(paths):  # who goes first alternates
+                            time.sleep(SETTLE_S)
+                            for i in range(args.block + 1):  # a block's first request: warm-up
+                                state = documents.next() if kind == "new document" else same
+                                time.sleep(args.pause_ms / 1e3)
+                                seconds = run({**body, "state": state})
+                                if turn and i:
+                                    times[path].append(1e3 * seconds)
                     after = server_split(address.hostname, address.port)
                     split = {
                         name.removeprefix("typedlm_").removesuffix("_seconds") + "_ms": 1e3
@@ -133,10 +146,14 @@ def main() -> None:
                     cells += [f"{row['ratio']:.2f}", split["queue_wait_ms"], split["forward_ms"]]
                     print(table_row([row["cell"], *(f"{c:.2f}" if isinstance(c, float) else c for c in cells)]))
     report = {
-        "benchmark": "served_path", "model": args.model or "tiny-qwen3", "date": time.strftime("%Y-%m-%d"),
+        "benchmark": "served_path", "device": args.device, "dtype": dtype,
+        "model": args.model or ("random-qwen3-0.6b-shape" if args.random_qwen3_06b else "tiny-qwen3"),
+        "date": time.strftime("%Y-%m-%d"),
         **host_cpu(), "serve_options": args.serve_option, "prefix_tokens": args.prefix_tokens, "rows": rows,
     }  # fmt: skip
-    label = (option.lstrip("-") for option in args.serve_option)
+    label = [option.lstrip("-") for option in args.serve_option]
+    if args.device != "cpu":
+        label.insert(0, device_kind(args.device))
     print(f"wrote {write_report(report, output_path(args, 'served_path', *label))}")
 
 

@@ -217,6 +217,7 @@ def run(args: argparse.Namespace) -> int:
         return_freed_memory,
     )
     from typedlm.serving.model_process import ModelProcess
+    from typedlm.serving.threads import on_passing_thread
 
     if args.max_queue < 1:
         raise InvalidRequest("--max-queue must be at least 1")
@@ -241,8 +242,8 @@ def run(args: argparse.Namespace) -> int:
     options = _serve_options(args)
     if args.model_process:  # loaded there; it prints what it loaded
         model = ModelProcess(functools.partial(load_served_decider, options), options.settings())
-    else:
-        model = load_served_decider(options)
+    else:  # loaded on a thread that ends: only the model thread keeps OpenMP workers (`serving.threads`)
+        model = on_passing_thread(functools.partial(load_served_decider, options))
     name = model.name
     settings = options.settings(aliases=aliases(name))
     app = create_app(model, settings)

@@ -64,6 +64,7 @@ class Replica:
         from typedlm.runtime.catalog import short_names
         from typedlm.server.app import create_app
         from typedlm.serving.heap import MODEL_MMAP_THRESHOLD_BYTES, freeze_start_up_objects, return_freed_memory
+        from typedlm.serving.threads import on_passing_thread
 
         return_freed_memory(MODEL_MMAP_THRESHOLD_BYTES)  # a large forward's blocks go back as freed; the rest when idle
 
@@ -71,7 +72,7 @@ class Replica:
             import torch
 
             torch.set_num_threads(max(1, int(args.cpus_per_replica)))
-        decider = Decider.load(**args.decider_options())
+        decider = on_passing_thread(lambda: Decider.load(**args.decider_options()))  # see `serving.threads`
         self.app = create_app(decider, args.settings(aliases=(*DEFAULT_ALIASES, *short_names(decider.name))))
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         freeze_start_up_objects()  # the model and its imports, out of the collector's walks

@@ -52,6 +52,7 @@ from typedlm.serving.heap import MODEL_MMAP_THRESHOLD_BYTES, freeze_start_up_obj
 from typedlm.serving.served import DeciderLike, InProcessModel, Stats
 from typedlm.serving.settings import ServerSettings
 from typedlm.serving.status import APIError, error_status, overloaded, timed_out
+from typedlm.serving.threads import on_passing_thread
 from typedlm.serving.worker import resolve
 
 logger = logging.getLogger(__name__)
@@ -245,7 +246,7 @@ def run_model_process(load: Callable[[], DeciderLike], settings: ServerSettings,
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group; the server closes us
     return_freed_memory(MODEL_MMAP_THRESHOLD_BYTES)  # a large forward's blocks go back as freed; the rest when idle
     try:
-        model = InProcessModel(load(), settings)
+        model = InProcessModel(on_passing_thread(load), settings)
     except BaseException as exc:
         conn.send(("failed", portable(exc)))
         return
