@@ -20,7 +20,16 @@ from typing import TYPE_CHECKING
 from typedlm.cli.common import EXIT_MODEL, add_calibration_options, add_model_options, aliases, feedback_path
 from typedlm.core.errors import InvalidRequest, TypedLMError
 from typedlm.runtime.models import EMBEDDED_MODEL
-from typedlm.serving.settings import API_KEYS_ENV, BODY_TIMEOUT_S, DEFAULT_MAX_BATCH, HEAD_TIMEOUT_S, PENDING_BODIES
+from typedlm.serving.settings import (
+    API_KEYS_ENV,
+    BODY_TIMEOUT_S,
+    HEAD_TIMEOUT_S,
+    PENDING_BODIES,
+    PREFIX_CACHE_MB,
+    ServerSettings,
+)
+
+DEFAULTS = ServerSettings()  # the server's defaults (`ServeOptions` takes the same)
 
 if TYPE_CHECKING:
     from typedlm.serving.options import ServeOptions
@@ -50,15 +59,23 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "auth off)",
     )
     serve.add_argument(
-        "--max-queue", type=int, default=16, help="requests running or waiting; more get 503 (default 16)"
+        "--max-queue",
+        type=int,
+        default=DEFAULTS.max_queue,
+        help=f"requests running or waiting; more get 503 (default {DEFAULTS.max_queue})",
     )
-    serve.add_argument("--timeout", type=float, default=300.0, help="seconds per request before a 504 (default 300)")
+    serve.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULTS.request_timeout_s,
+        help=f"seconds per request before a 504 (default {DEFAULTS.request_timeout_s:g})",
+    )
     serve.add_argument(
         "--max-batch",
         type=int,
-        default=DEFAULT_MAX_BATCH,
+        default=DEFAULTS.max_batch,
         help=f"requests one forward may answer together, where the model runs several documents per forward (a GPU "
-        f"with static shapes; default {DEFAULT_MAX_BATCH}); 1: one forward per request, the next tokenized meanwhile",
+        f"with static shapes; default {DEFAULTS.max_batch}); 1: one forward per request, the next tokenized meanwhile",
     )
     serve.add_argument(
         "--head-timeout",
@@ -75,8 +92,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     serve.add_argument(
         "--max-body-bytes",
         type=int,
-        default=8 << 20,
-        help="request body limit, after decompression (default 8388608, 8 MiB)",
+        default=DEFAULTS.max_body_bytes,
+        help=f"request body limit, after decompression (default {DEFAULTS.max_body_bytes}, "
+        f"{DEFAULTS.max_body_bytes >> 20} MiB)",
     )
     serve.add_argument(
         "--max-pending-body-bytes",
@@ -88,8 +106,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     serve.add_argument(
         "--log-format",
         choices=("text", "json"),
-        default="text",
-        help="the one line logged per request: key=value text or JSON (default text)",
+        default=DEFAULTS.log_format,
+        help=f"the one line logged per request: key=value text or JSON (default {DEFAULTS.log_format})",
     )
     serve.add_argument(
         "--max-input-tokens",
@@ -108,8 +126,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     serve.add_argument(
         "--prefix-cache-mb",
         type=int,
-        default=1024,
-        help="memory for prefilled documents reused across requests (0: off; default 1024)",
+        default=PREFIX_CACHE_MB,
+        help=f"memory for prefilled documents reused across requests (0: off; default {PREFIX_CACHE_MB})",
     )
     serve.add_argument(
         "--no-cuda-graphs",

@@ -8,7 +8,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from typedlm.core.options import EngineOptions
-from typedlm.serving.settings import DEFAULT_ALIASES, DEFAULT_MAX_BATCH, ServerSettings
+from typedlm.serving.settings import DEFAULT_ALIASES, PREFIX_CACHE_MB, ServerSettings
+
+_SERVER = ServerSettings()  # the server's defaults, taken from here rather than repeated
 
 
 class ServeOptions(BaseModel):
@@ -19,14 +21,14 @@ class ServeOptions(BaseModel):
     device: str = "cpu"
     dtype: str | None = None
     api_keys: list[str] = []
-    max_queue: int = Field(16, ge=1)
-    max_batch: int = Field(DEFAULT_MAX_BATCH, ge=1)
-    timeout: float = Field(300.0, gt=0)
-    max_body_bytes: int = Field(8 << 20, ge=1)
-    log_format: Literal["text", "json"] = "text"
+    max_queue: int = Field(_SERVER.max_queue, ge=1)
+    max_batch: int = Field(_SERVER.max_batch, ge=1)
+    timeout: float = Field(_SERVER.request_timeout_s, gt=0)
+    max_body_bytes: int = Field(_SERVER.max_body_bytes, ge=1)
+    log_format: Literal["text", "json"] = _SERVER.log_format  # type: ignore[assignment]
     max_input_tokens: int | None = Field(None, ge=1)
     max_forward_mb: int | None = Field(None, ge=1)  # None: the decider's default for its device
-    prefix_cache_mb: int = Field(1024, ge=0)
+    prefix_cache_mb: int = Field(PREFIX_CACHE_MB, ge=0)
     cuda_graphs: bool = True
     fused_kernels: bool = True
     calibration: str | None = None  # None: the decider's default ("fitted" with a calibration file)

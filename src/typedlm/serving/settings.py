@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from typedlm.serving.batching import MAX_BATCH
+
 DEFAULT_ALIASES = ("jev-latest",)
 API_KEYS_ENV = "TYPEDLM_API_KEYS"
 HEAD_TIMEOUT_S = 10.0  # seconds a request's line and headers may take to arrive (see server.protocol)
@@ -17,16 +19,20 @@ def keys_from_env(environ: dict[str, str] | None = None) -> tuple[str, ...]:
     return tuple(key.strip() for key in raw.split(",") if key.strip())
 
 
-# requests one forward may answer by default: several documents per forward pay on a GPU from 8 clients on
-# (docs/performance.md, "Throughput"); a decider that runs one document per forward (a CPU) takes one whatever this says
-DEFAULT_MAX_BATCH = 64
+PREFIX_CACHE_MB = 1024  # memory for prefilled documents reused across requests, by default
 
 
 @dataclass(frozen=True)
 class ServerSettings:
+    """What the app and its model worker are told (`create_app`). Its defaults are the only ones: `ServeOptions`
+    and `typedlm serve`'s options take theirs from here."""
+
     api_keys: tuple[str, ...] = ()  # empty: auth off
     max_queue: int = 16  # requests running or waiting for the model; more get 503 + Retry-After
-    max_batch: int = DEFAULT_MAX_BATCH  # requests one forward may answer (where the decider can; see serving.worker)
+    # requests one forward may answer, where the decider can (`serving.worker`): several documents per forward pay on
+    # a GPU from 8 clients on (docs/performance.md, "Throughput"); a decider that runs one document per forward (a
+    # CPU) takes one whatever this says
+    max_batch: int = MAX_BATCH
     request_timeout_s: float = 300.0
     max_body_bytes: int = 8 * 1024 * 1024  # after decompression too
     aliases: tuple[str, ...] = DEFAULT_ALIASES  # model names that mean "the served model"
