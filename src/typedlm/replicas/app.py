@@ -31,7 +31,7 @@ from typedlm.replicas.fanout import merge_health, merge_metrics
 from typedlm.replicas.forwarding import Forwarded, Reply, app_path, run_asgi
 from typedlm.replicas.keys import CHAT, document_key
 from typedlm.replicas.routing import DocumentAffinityRouter
-from typedlm.server.chat import openai_error
+from typedlm.server.chat import error_response
 from typedlm.server.errors import to_response
 from typedlm.serving.options import ServeOptions
 from typedlm.serving.settings import DEFAULT_ALIASES
@@ -100,9 +100,7 @@ def _overloaded(path: str) -> Response:
         f"every replica is busy; retry after {RETRY_AFTER_S} s",
         headers={"Retry-After": str(RETRY_AFTER_S)},
     )
-    if path == CHAT:
-        return openai_error(busy.status, busy.message, kind=busy.error_type, headers=busy.headers)
-    return to_response(busy)
+    return error_response(busy) if path == CHAT else to_response(busy)
 
 
 class Ingress:

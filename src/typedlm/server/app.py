@@ -25,7 +25,7 @@ from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from typedlm.core.answers import Usage
-from typedlm.core.errors import InvalidRequest, LimitExceeded
+from typedlm.core.errors import InvalidRequest
 from typedlm.core.questions import (
     MAX_CHARS_PER_TOKEN,
     MAX_LEVELS,
@@ -39,7 +39,7 @@ from typedlm.core.questions import (
 )
 from typedlm.server import chat, schemas
 from typedlm.server.auth import check_bearer
-from typedlm.server.body import MAX_JSON_DEPTH, NotJSON, parse_json, read_body
+from typedlm.server.body import MAX_JSON_DEPTH, parse_json, read_body
 from typedlm.server.errors import APIError, install_handlers
 from typedlm.server.metrics import RequestLog, RequestRecord, ServerMetrics
 from typedlm.server.observing import ObserveRequests
@@ -296,13 +296,8 @@ def create_app(model: DeciderLike | ServedModel, settings: ServerSettings | None
             check_model(model)
             response = await served.answer(state, questions, None, None)
             note(request, response.usage, questions)
-        except LimitExceeded as exc:
-            return chat.openai_error(413, str(exc))
-        except InvalidRequest as exc:
-            param = None if isinstance(exc, NotJSON) else ".".join(map(str, exc.loc)) or None
-            return chat.openai_error(400, str(exc), param)
-        except APIError as exc:  # 4xx, and the worker's 503 (queue full) and 504 (timeout)
-            return chat.openai_error(exc.status, exc.message, kind=exc.error_type, headers=exc.headers)
+        except (InvalidRequest, APIError) as exc:  # a refusal: 4xx, and the worker's 503 (queue full) and 504
+            return chat.error_response(exc)  # the one table's status and type, in OpenAI's shape
         answers, tokens, cached = (
             response.to_wire()["answers"],
             response.usage.input_tokens,

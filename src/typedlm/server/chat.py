@@ -2,7 +2,8 @@
 
 The system message is the `questions` object of /v1/systemone as JSON (or {"questions": {...}}); the
 user message is the state. The reply's message content is the answers as JSON; nothing is generated.
-Any other chat request is refused with a 400 saying so. Errors use OpenAI's {"error": {...}} shape.
+Any other chat request is refused with a 400 saying so. A refused request is answered in OpenAI's {"error": {...}}
+shape, with the status and type of the one table (`serving.status.status_of`) in OpenAI's terms (`error_response`).
 """
 
 from __future__ import annotations
@@ -10,14 +11,15 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from fastapi.responses import JSONResponse
 
-from typedlm.core.errors import InvalidRequest
+from typedlm.core.errors import InvalidRequest, LimitExceeded
 from typedlm.core.questions import Question, Text, parse_questions
 from typedlm.server.body import NotJSON, parse_json
+from typedlm.serving.status import APIError, status_of
 
 NOT_A_DECISION = (
     "this server decides, it does not generate: put the questions (the `questions` object of /v1/systemone, "
@@ -30,10 +32,24 @@ def openai_error(
     message: str,
     param: str | None = None,
     kind: str = "invalid_request_error",
-    headers: dict[str, str] | None = None,
+    headers: Mapping[str, str] | None = None,
 ) -> JSONResponse:
     body = {"error": {"message": message, "type": kind, "param": param, "code": None}}
     return JSONResponse(body, status, headers=headers)
+
+
+def error_response(exc: APIError | InvalidRequest) -> JSONResponse:
+    """A refused request in OpenAI's shape: the message, status, type and headers of the one table (`status_of`),
+    in OpenAI's terms where they differ: a 400 where Jev answers 422, and invalid_request_error for every request
+    refused for what it asks (`InvalidRequest`, over a limit too: Jev's request_too_large). `param` names the field
+    at fault, none for a body that is not JSON or a request over a limit."""
+    error = status_of(exc)
+    status = 400 if error.status == 422 else error.status
+    kind, param = error.error_type, None
+    if isinstance(exc, InvalidRequest):
+        kind = "invalid_request_error"
+        param = None if isinstance(exc, (NotJSON, LimitExceeded)) else ".".join(map(str, exc.loc)) or None
+    return openai_error(status, error.message, param, kind, error.headers)
 
 
 def _text(content: Any) -> str | None:

@@ -1,7 +1,8 @@
-"""Every error → status code and JSON body, in one place.
+"""Every error → status code and Jev's JSON body, by the one table (`serving.status.status_of`).
 
 Validation errors: 422 {"detail": [{"loc": ["body", ...], "msg", "type"}]}. Other errors:
-{"detail": {"error_type", "message"}}. A bad request is never a 5xx (the official SDK retries 5xx).
+{"detail": {"error_type", "message"}}, with the table's headers. A bad request is never a 5xx (the official SDK
+retries 5xx). The chat route answers its refusals in OpenAI's shape from the same table (`chat.error_response`).
 """
 
 from __future__ import annotations
@@ -12,23 +13,14 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from typedlm.core.errors import TypedLMError
-from typedlm.serving.status import APIError, error_body, error_status
+from typedlm.serving.status import APIError, error_status, http_error, status_of
 
 
 def to_response(exc: Exception) -> JSONResponse:
-    """The one mapping from exceptions to HTTP responses (`status.error_status`)."""
+    """An exception as a response in Jev's shape: status and body (`status.error_status`), the table's headers
+    (503: Retry-After; a failure's 5xx: Connection: close)."""
     status, body = error_status(exc)
-    if isinstance(exc, APIError):  # its own headers (503: Retry-After); the connection stays usable
-        return JSONResponse(body, status, headers=exc.headers)
-    if status >= 500:
-        # after a 5xx the server closes the connection (the exception propagates to it): say so, so that a client
-        # does not send its next request on a connection that is about to be reset
-        return JSONResponse(body, status, headers=CLOSE)
-    return JSONResponse(body, status)
-
-
-CLOSE = {"Connection": "close"}
-_STATUS_TYPES = {401: "authentication_error", 404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
+    return JSONResponse(body, status, headers=status_of(exc).headers)
 
 
 def install_handlers(app: FastAPI) -> None:
@@ -40,8 +32,7 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        error_type = _STATUS_TYPES.get(exc.status_code, "invalid_request_error")
-        return JSONResponse(error_body(error_type, str(exc.detail)), exc.status_code, headers=exc.headers)
+        return to_response(http_error(exc.status_code, str(exc.detail), exc.headers))
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:

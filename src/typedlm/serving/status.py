@@ -1,10 +1,13 @@
 """Errors as the API states them, in plain Python (no FastAPI): `APIError` (an error with the status it answers
-with), and `error_status`, the one mapping from any exception to a status and JSON body, which the server's
-responses (`errors`) and the batch job's error records (`typedlm.jobs.batch`) both use."""
+with), and `status_of`, the one table from any exception to what it answers with: status, error_type, message and
+headers. Every shape of error body is made from it: Jev's `{"detail": ...}` (`error_status`, which the server's
+responses (`server.errors`) and the batch job's error records (`typedlm.jobs.batch`) both use), OpenAI's
+`{"error": ...}` of the chat route (`server.chat`), and the HTTP framework's own errors (`http_error`)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from typedlm.core.errors import InvalidRequest, LimitExceeded, StoreError, TypedLMError
@@ -52,16 +55,51 @@ def validation_body(loc: tuple | list, message: str, kind: str = "value_error") 
     return {"detail": [{"loc": ["body", *loc], "msg": message, "type": kind}]}
 
 
-def error_status(exc: BaseException) -> tuple[int, dict[str, Any]]:
-    """(status, body) of an exception: 4xx for what the request got wrong, 500 for the rest."""
+@dataclass(frozen=True)
+class ErrorStatus:
+    """What an error answers with, whichever shape its body takes."""
+
+    status: int
+    error_type: str
+    message: str
+    headers: Mapping[str, str] | None = None
+
+
+# after a failure's 5xx (not an APIError's) the server closes the connection (the exception propagates to it): say
+# so, so that a client does not send its next request on a connection that is about to be reset
+CLOSE = {"Connection": "close"}
+
+
+def status_of(exc: BaseException) -> ErrorStatus:
+    """The one table: what an exception answers with. 4xx for what the request got wrong (never a 5xx: the official
+    SDK retries those), 503 for a feedback database that cannot be written, 500 for the rest."""
     if isinstance(exc, APIError):
-        return exc.status, error_body(exc.error_type, exc.message)
+        return ErrorStatus(exc.status, exc.error_type, exc.message, exc.headers)
     if isinstance(exc, LimitExceeded):
-        return 413, error_body("request_too_large", str(exc))
-    if isinstance(exc, InvalidRequest):
-        return 422, validation_body(exc.loc, exc.message, exc.kind)
+        return ErrorStatus(413, "request_too_large", str(exc))
+    if isinstance(exc, InvalidRequest):  # in Jev's body, a validation error: its location, message and kind
+        return ErrorStatus(422, "invalid_request_error", str(exc))
     if isinstance(exc, StoreError):  # the feedback database: locked, full or gone; the request was not at fault
-        return 503, error_body("feedback_unavailable", str(exc))
+        return ErrorStatus(503, "feedback_unavailable", str(exc), CLOSE)
     if isinstance(exc, TypedLMError):
-        return 500, error_body("model_error", str(exc))
-    return 500, error_body("internal_error", "the server failed to answer; this is a bug")
+        return ErrorStatus(500, "model_error", str(exc), CLOSE)
+    return ErrorStatus(500, "internal_error", "the server failed to answer; this is a bug", CLOSE)
+
+
+# the error_type of an error known by its status alone: the HTTP framework's own (an unknown path, a wrong method)
+STATUS_TYPES = {401: "authentication_error", 404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
+
+
+def http_error(status: int, message: str, headers: Mapping[str, str] | None = None) -> APIError:
+    """An error the HTTP framework raised with `status`, as an `APIError` of its type (`STATUS_TYPES`)."""
+    kept = dict(headers) if headers is not None else None
+    return APIError(status, STATUS_TYPES.get(status, "invalid_request_error"), message, kept)
+
+
+def error_status(exc: BaseException) -> tuple[int, dict[str, Any]]:
+    """(status, Jev's JSON body) of an exception, by the table (`status_of`): a refused request's 422 as a validation
+    error at its location, every other error as its error_type and message."""
+    error = status_of(exc)
+    if error.status == 422 and isinstance(exc, InvalidRequest):
+        return error.status, validation_body(exc.loc, exc.message, exc.kind)
+    return error.status, error_body(error.error_type, error.message)
