@@ -63,9 +63,13 @@ conformance: install-dev
 
 # The conformance suite runs beside pytest, whose workers leave the cores idle at times (waiting on the servers and
 # processes their tests start): 442 s together against 311 s and then 3 minutes, on 2 cores. Its log is printed once
-# both are done, and either failing fails the target.
+# both are done, and either failing fails the target. Every process runs torch on one CPU thread: with pytest's
+# workers (one per core) and the servers beside them, a model's second OpenMP worker is often waiting for a core,
+# and each of a forward's operators then waits for it (a 46-token forward of the embedded model took 3.6-9.4 s
+# with two threads beside a busy process, 0.19-0.28 s with one).
 test: lint
-	@VENV=$(VENV) bash scripts/conformance.sh > $(VENV)/conformance.log 2>&1 & conformance=$$!; \
+	@export OMP_NUM_THREADS=1; \
+	VENV=$(VENV) bash scripts/conformance.sh > $(VENV)/conformance.log 2>&1 & conformance=$$!; \
 	echo "pytest, and beside it the conformance suite (scripts/conformance.sh)"; \
 	$(PY) -m pytest -q -n auto --dist loadfile --no-loadscope-reorder; tests=$$?; \
 	wait $$conformance; suite=$$?; cat $(VENV)/conformance.log; \
