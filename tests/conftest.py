@@ -257,11 +257,19 @@ class FakeCall(NamedTuple):
     order_reads: int | None
 
 
+class FakePrepared(NamedTuple):
+    call: FakeCall  # decide's arguments
+    tokens: int
+
+
 class FakeDecider:
     """A stand-in for `Decider` whose subject is NOT the model: for tests of the HTTP layer (routing, parsing,
     errors, auth, limits, queueing), which never need a real answer.
 
-    It has the `DeciderLike` shape `create_app` takes. `decide` answers every question through the question's
+    It has the whole `DeciderLike` shape `create_app` takes, answering one request per forward (`max_batch` 1, as a
+    decider on a CPU): `prepare_request` keeps the request, `launch_prepared` answers it with `decide` on the model
+    thread; there is no feedback database (the feedback routes refuse as a real decider without one does).
+    `decide` answers every question through the question's
     own `answer` with uniform probabilities (raw mass 1.0), so responses are well-formed and deterministic;
     usage counts one token per whitespace-separated word of the state. Every call is recorded in `calls`.
     `gate` (a threading.Event) makes each call wait until it is set (at most `gate_timeout_s`), and
@@ -291,6 +299,32 @@ class FakeDecider:
         self._counters = dict.fromkeys(("hits", "partial_hits", "misses", "reused_tokens"), 0)
         self._max_bytes = max_bytes
         self.fail_with: Exception | None = None
+
+    max_batch = 1
+
+    def describe(self) -> dict[str, str]:
+        return {"model": self.name}
+
+    def prepare_request(self, state, questions, calibration=None, order_reads=None, keep_reading=False):
+        tokens = max(1, len(json.dumps(state, ensure_ascii=False).split()))
+        return FakePrepared(FakeCall(state, dict(questions), calibration, order_reads), tokens)
+
+    def launch_prepared(self, requests):
+        responses = [self.decide(*prepared.call) for prepared in requests]
+        return lambda: responses
+
+    def record_feedback(self, posted, response):
+        from typedlm.decide.feedback import feedback_needed
+
+        raise feedback_needed()
+
+    def feedback_report(self):
+        from typedlm.decide.feedback import feedback_needed
+
+        raise feedback_needed()
+
+    def close(self) -> None:
+        pass
 
     def decide(self, state, questions, calibration=None, order_reads=None):
         from typedlm.core.answers import Response, Usage

@@ -12,7 +12,7 @@ learned off the model thread), `feedback_report` and `close`. The app sets `on_t
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol, runtime_checkable
 
@@ -25,20 +25,34 @@ Stats = dict[str, dict[str, float]]  # counters and sizes by group
 
 
 class DeciderLike(Protocol):
-    """What the server needs of a decider (`typedlm.Decider` has it): one that also has `prepare_request`,
-    `launch_prepared` and `max_batch` answers several requests in one forward."""
+    """What the server needs of a decider, all of it (`typedlm.Decider` has it; so does the tests' stand-in). A
+    request is prepared on a host thread (`prepare_request`: every check that can refuse it), then answered on the
+    model thread together with others (`launch_prepared`, at most `max_batch` at a time; 1 where the decider runs
+    one document per forward)."""
 
     name: str
+    max_batch: int
 
-    def decide(
+    def describe(self) -> dict[str, str]: ...
+
+    def prepare_request(
         self,
         state: Text,
         questions: Mapping[str, Question],
         calibration: str | None = None,
         order_reads: int | None = None,
-    ) -> Response: ...
+        keep_reading: bool = False,
+    ) -> Any: ...  # a prepared request; its `tokens` are what it adds to a forward
+
+    def launch_prepared(self, requests: Sequence[Any]) -> Callable[[], list[Response]]: ...
+
+    def record_feedback(self, posted: FeedbackRequest, response: Response) -> dict[str, Any]: ...
+
+    def feedback_report(self) -> dict[str, Any]: ...
 
     def stats(self) -> Stats: ...
+
+    def close(self) -> None: ...
 
 
 @runtime_checkable
@@ -75,7 +89,7 @@ class InProcessModel:
     def __init__(self, decider: DeciderLike, settings: ServerSettings):
         self.decider, self.name = decider, decider.name
         self.timeout_s = settings.request_timeout_s
-        max_batch = min(settings.max_batch, getattr(decider, "max_batch", 1))
+        max_batch = min(settings.max_batch, decider.max_batch)
         self.worker = ModelWorker(settings.max_queue, settings.retry_after_s, max_batch=max_batch)
         self.max_batch, self.max_pending = self.worker.max_batch, self.worker.max_pending
         self.failure = None  # a model in this process lives as long as the server
@@ -103,8 +117,7 @@ class InProcessModel:
         self.worker.on_batch = callback
 
     def describe(self) -> dict[str, str]:
-        describe = getattr(self.decider, "describe", None)
-        return describe() if describe is not None else {"model": self.name}
+        return self.decider.describe()
 
     def stats(self) -> Stats:
         return {**self.decider.stats(), "model_thread": self.worker.stats()}
@@ -125,12 +138,9 @@ class InProcessModel:
         keep_reading: bool = False,
     ) -> Future:
         """The request queued from any thread, with no admission or timeout (the caller's): a future of its
-        `Response`. Prepared on a host thread and batched where the decider can, else one call each."""
-        prepare = getattr(self.decider, "prepare_request", None)
-        if prepare is None:  # a decider that cannot answer several requests in one forward
-            return self.worker.call(self.decider.decide, state, questions, calibration, order_reads)
+        `Response`. Prepared on a host thread, then answered on the model thread, batched where the decider can."""
         return self.worker.put(
-            lambda: prepare(state, questions, calibration, order_reads, keep_reading=keep_reading),
+            lambda: self.decider.prepare_request(state, questions, calibration, order_reads, keep_reading),
             self.decider.launch_prepared,
             lambda prepared: prepared.tokens,
         )
@@ -166,9 +176,7 @@ class InProcessModel:
         """Finish the forwards in flight and the feedback posts, then close the feedback database."""
         self.worker.close()
         self.feedback_thread.shutdown(wait=True)
-        close = getattr(self.decider, "close", None)
-        if close is not None:
-            close()
+        self.decider.close()
 
 
 def _chain(source: Future, target: Future) -> None:
