@@ -98,6 +98,7 @@ from typedlm.decide.decider import Decider
 from typedlm.serving.heap import freeze_start_up_objects
 from typedlm.serving.model_process import ModelProcess
 from typedlm.serving.settings import ServerSettings
+from typedlm.serving.threads import on_passing_thread
 from typedlm.serving.worker import GATHER_GAP_S, HOST_THREADS, PIPELINE_DEPTH, ModelWorker
 
 CLIENT_PROCESSES = 4  # the HTTP rows' client processes (at most one per client)
@@ -572,8 +573,13 @@ def main() -> None:
     add_output_arguments(parser, "throughput")
     args = parser.parse_args()
     host = host_cpu()  # before loading: the load average is the machine's, not this run's
-    loaded, dtype = load_benchmark_model(args)
-    deciders = {attention: attention_decider(loaded, attention) for attention in args.attention}
+
+    def load() -> tuple:  # on a thread that ends, as the server loads (`serving.threads`): on a CPU only the model
+        # thread keeps OpenMP workers
+        loaded, dtype = load_benchmark_model(args)
+        return loaded, dtype, {attention: attention_decider(loaded, attention) for attention in args.attention}
+
+    loaded, dtype, deciders = on_passing_thread(load)
     decider = next(iter(deciders.values()))
     params = non_embedding_params(loaded.model)
     peak = args.peak_tflops or (790.0 if args.device.startswith("cuda") else None)
