@@ -574,8 +574,9 @@ def main() -> None:
     args = parser.parse_args()
     host = host_cpu()  # before loading: the load average is the machine's, not this run's
 
-    def load() -> tuple:  # on a thread that ends, as the server loads (`serving.threads`): on a CPU only the model
-        # thread keeps OpenMP workers
+    def load() -> tuple:
+        """The model and its deciders, loaded as the server loads them: on a thread that ends, so that on a CPU only
+        the model thread keeps OpenMP workers (`serving.threads`)."""
         loaded, dtype = load_benchmark_model(args)
         return loaded, dtype, {attention: attention_decider(loaded, attention) for attention in args.attention}
 
