@@ -8,6 +8,7 @@ import torch
 from typedlm.core.confidence import normalise
 from typedlm.core.options import EngineOptions
 from typedlm.core.questions import ChoiceQuestion, NoulQuestion, ScoreQuestion
+from typedlm.ops import attention
 from typedlm.runtime.engine import Engine
 from typedlm.runtime.packing import PackedItem
 from typedlm.text.labels import LabelSet
@@ -31,10 +32,25 @@ def test_many_options_use_multi_token_labels(tiny_decider):
 
 
 def test_packed_readout_equals_full_forward_per_question(tiny_decider):
-    decider = tiny_decider
-    response = decider.decide(STATE, QUESTIONS)
+    _assert_equals_full_forwards(tiny_decider, QUESTIONS)
+
+
+def test_a_long_question_alone_attends_its_suffix_causally_and_equals_full_forwards(tiny_decider, monkeypatch):
+    # alone, the 255 options' suffix is the chain of its group: attended causally, the label tree through the mask
+    # (the same with many long questions, one group of segments)
+    seen = []
+    own_attention = attention._own_attention
+    monkeypatch.setattr(attention, "_own_attention", lambda *a: seen.append(a[3].chain) or own_attention(*a))
+    many = QUESTIONS["many"]
+    _assert_equals_full_forwards(tiny_decider, {"many": many})
+    _assert_equals_full_forwards(tiny_decider, {"many": many, "again": ChoiceQuestion(many.options, "Which one?")})
+    assert seen and min(seen) >= attention.CHAIN_SPLIT_ROWS
+
+
+def _assert_equals_full_forwards(decider, questions):
+    response = decider.decide(STATE, questions)
     prefix_text = decider.layout.prefix_text(STATE)
-    for qid, question in QUESTIONS.items():
+    for qid, question in questions.items():
         whole = decider.layout.encode(prefix_text + decider.layout.suffix_text(question))
         masses = reference_masses(decider.engine.model, whole, decider.labeler.for_question(question))
         probs, raw_mass = normalise(masses)

@@ -59,7 +59,8 @@ def test_each_row_sees_exactly_its_ancestors_and_itself():
 def test_a_small_batch_is_one_group_of_segments_in_their_order():
     flat = LabelSet.build([[(1,)], [(2,)]])
     batch = pack(10, [PackedItem(list(range(n)), flat) for n in [40, 3, 200, 5]])  # 4 x 200^2 entries: small
-    ((index, valid, blocks),) = batch.segment_groups()
+    ((index, valid, blocks, chain),) = batch.segment_groups()
+    assert chain == 3  # the shortest question, its rows one chain (one-token labels: no tree rows)
     assert index.shape == (4, 200) and valid.sum(axis=1).tolist() == [40, 3, 200, 5]
     assert (blocks == batch.segment_visibility()).all()
 
@@ -72,13 +73,29 @@ def test_segment_groups_cover_every_row_once_padded_to_their_own_longest(monkeyp
     batch = pack(10, [PackedItem(list(range(n)), flat) for n in lengths])
     ancestors = batch.visibility()
     groups = batch.segment_groups()
-    assert [index.shape[1] for index, _, _ in groups] == [200, 90, 40, 5]  # longest first, each over half its first
-    seen = np.concatenate([index[valid] for index, valid, _ in groups])
+    assert [index.shape[1] for index, _, _, _ in groups] == [200, 90, 40, 5]  # longest first, each over half its first
+    seen = np.concatenate([index[valid] for index, valid, _, _ in groups])
     assert sorted(seen.tolist()) == list(range(batch.n_rows))  # every packed row in exactly one segment
-    for index, valid, blocks in groups:
+    for index, valid, blocks, chain in groups:
         assert (valid.sum(axis=1) * 2 > index.shape[1]).all()  # padding at most doubles a segment
         assert not blocks[~valid].any()
         assert (blocks == ancestors[index[:, :, None], index[:, None, :]] & valid[:, :, None] & valid[:, None, :]).all()
+        assert chain == min(_causal_rows(block) for block in blocks)
+
+
+def _causal_rows(block: np.ndarray) -> int:
+    """The leading rows of a segment's mask that each see every row before them (brute force)."""
+    return next((i for i in range(len(block)) if not block[i, : i + 1].all()), len(block))
+
+
+def test_the_chain_is_each_questions_suffix_where_it_sees_every_row_before_it():
+    tree = LabelSet.build([[(5, 6)], [(5, 7)], [(8,)]])  # a shared first token: a node with two children
+    lengths = [300, 2, 280, 120]
+    batch = pack(10, [PackedItem(list(range(n)), tree) for n in lengths])
+    assert [batch.chain_length(g) for g in range(4)] == [_causal_rows(b) for b in batch.item_visibility]
+    assert all(batch.chain_length(g) > n for g, n in enumerate(lengths))  # the suffix and the tree's first node
+    (*_, chain), *rest = batch.segment_groups()
+    assert not rest and chain == batch.chain_length(1)  # one group: its shortest question's
 
 
 def test_layouts_are_shared_by_length_and_labels_but_tokens_are_each_items_own():

@@ -30,15 +30,24 @@ from dataclasses import dataclass
 
 import torch
 
+# A group of segments whose leading chain (see `OwnSegments.chain`) is at least this long attends it as plain causal
+# attention, and only the rows after it through the mask: a masked kernel computes every one of the [S, S] scores, a
+# causal one about half, and a question with hundreds of options has a suffix of thousands of rows (255 options:
+# 4,300 rows; its forward on a CPU 31.7 -> 21.1 s). Shorter chains keep the one masked call.
+CHAIN_SPLIT_ROWS = 256
+
 
 @dataclass(frozen=True)
 class OwnSegments:
     """Segments of similar length, attended together: `index` [G, S] lists each one's packed rows (counted from the
-    first packed row; padded with 0 where `valid` [G, S] is False), `mask` [G, S, S] which of its rows each sees."""
+    first packed row; padded with 0 where `valid` [G, S] is False), `mask` [G, S, S] which of its rows each sees;
+    `chain`: its first rows, in every segment, each see every row before them and nothing after (the mask's
+    [chain, chain] corner is lower triangular)."""
 
     index: torch.Tensor
     valid: torch.Tensor
     mask: torch.Tensor
+    chain: int = 0
 
 
 @dataclass(frozen=True)
@@ -299,6 +308,21 @@ def attend_ranges(
     return out.to(q.dtype), lse.transpose(0, 1)
 
 
+def _own_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, own: OwnSegments, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A group of segments over their own rows (q [G, H, S, D], k/v [G, Hkv, S, D]): the leading chain causally
+    without a mask where it is long (`CHAIN_SPLIT_ROWS`), the rows after it through the mask."""
+    chain = own.chain
+    if chain < CHAIN_SPLIT_ROWS:
+        return attend_with_lse(q, k, v, scale, mask=own.mask[:, None])
+    out, lse = attend_with_lse(q[:, :, :chain], k[:, :, :chain], v[:, :, :chain], scale, causal=True)
+    if chain == q.shape[2]:
+        return out, lse
+    out_t, lse_t = attend_with_lse(q[:, :, chain:], k, v, scale, mask=own.mask[:, None, chain:])
+    return torch.cat([out, out_t], dim=2), torch.cat([lse, lse_t], dim=2)
+
+
 def _store(buffer: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor) -> None:
     """buffer[slots] = rows: on CUDA with Triton as one copy kernel (see `triton_ops.store_rows`)."""
     if buffer.is_cuda and kernel_available():
@@ -381,7 +405,7 @@ def cascade(
             own_q = query[0, :, t:][:, own.index].transpose(0, 1)  # [G, H, S, D]
             own_k = key[0, :, base:][:, own.index].transpose(0, 1)  # [G, Hkv, S, D]
             own_v = value[0, :, base:][:, own.index].transpose(0, 1)
-            out_o, lse_o = attend_with_lse(own_q, own_k, own_v, scale, mask=own.mask[:, None])
+            out_o, lse_o = _own_attention(own_q, own_k, own_v, own, scale)
             flat = own.index[own.valid]  # [n]: segment slots back to packed rows
             out[:, flat] = out_o.transpose(0, 1)[:, own.valid].to(query.dtype)
             lse[:, flat] = lse_o.transpose(0, 1)[:, own.valid]

@@ -107,7 +107,10 @@ class EagerBody:
     def plan(self, batch: PackedBatch, cached_len: int, state_rows: int = 0) -> CascadePlan:
         """The cascade's plan: `cached_len` keys already cached, `state_rows` document rows, then the packed rows."""
         to_device = lambda a: torch.tensor(a, device=self.device)  # noqa: E731 - copies: the batch's are shared
-        own = tuple(OwnSegments(*map(to_device, group)) for group in batch.segment_groups())
+        own = tuple(
+            OwnSegments(*map(to_device, (index, valid, visible)), chain)
+            for index, valid, visible, chain in batch.segment_groups()
+        )
         return CascadePlan(cached_len, state_rows, own)
 
     def masks(self, batch: PackedBatch):

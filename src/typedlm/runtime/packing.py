@@ -126,14 +126,16 @@ class PackedBatch:
 
         return self.memo("segment_index", compute)
 
-    def segment_groups(self) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], ...]:
+    def segment_groups(self) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray, int], ...]:
         """The segments in groups (`length_groups`), each group padded to its longest only: (index [G, S], valid
-        [G, S], visibility [G, S, S]) per group, as `segment_index` and `segment_visibility` give them for all. A
-        small batch is one group; a large one is grouped by length, longest first, each group holding the segments
-        longer than half its longest: padding at most doubles a segment's rows, and its [S, S] mask never grows
-        with a longer question's. Read-only."""
+        [G, S], visibility [G, S, S], chain) per group, as `segment_index` and `segment_visibility` give them for
+        all; `chain`: the leading rows of which each sees every row before it in every segment of the group (its
+        questions' suffixes, the shortest of them), where attention is plain causal attention. A small batch is
+        one group; a large one is grouped by length, longest first, each group holding the segments longer than
+        half its longest: padding at most doubles a segment's rows, and its [S, S] mask never grows with a longer
+        question's. Read-only."""
 
-        def compute() -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], ...]:
+        def compute() -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray, int], ...]:
             lengths = [end - start for start, end in self.segments]
             out = []
             for members in length_groups(lengths):
@@ -146,10 +148,18 @@ class PackedBatch:
                     block = self.item_visibility[g]
                     visible[i, : len(block), : len(block)] = block
                 index = np.where(valid, starts[:, None] + local[None], 0)
-                out.append(tuple(map(_frozen_array, (index, valid, visible))))
+                chain = min(self.chain_length(g) for g in members)
+                out.append((*map(_frozen_array, (index, valid, visible)), chain))
             return tuple(out)
 
         return self.memo("segment_groups", compute)
+
+    def chain_length(self, item: int) -> int:
+        """The leading rows of `item` that form one chain (each row's parent the row before it): its suffix and the
+        first node of its label tree. Each of them sees every row of the item before it."""
+        start, end = self.segments[item]
+        breaks = np.flatnonzero(self.parent[start + 1 : end] != np.arange(start, end - 1))
+        return int(breaks[0]) + 1 if len(breaks) else end - start
 
     def visibility(self) -> np.ndarray:
         """[N, N] bool: row i may attend packed row j (j is i or an ancestor of i)."""
