@@ -2,9 +2,7 @@
 # Run the independent conformance suite `jevcompat` against `typedlm serve` on the embedded model, three times:
 # with auth off, with an API key (the auth requirements are only exercised then), and as two replicas on Ray Serve
 # with the key (skipped, and said so, where Ray Serve is not installed). Passes when every MUST and every SHOULD
-# passes in at least one run and fails in none. The first two runs go side by side, each with its server on a port of
-# its own: a run's server and client use about one core between them, and beside pytest (`make test`) a suite that
-# ran them one after the other kept going alone, on one core, for about 30 s after the tests had ended.
+# passes in at least one run and fails in none.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
@@ -40,23 +38,8 @@ run() {  # run NAME [serve options] -- [jevcompat options]
   stop
 }
 
-side_by_side() {  # side_by_side PORT NAME [serve options] -- [jevcompat options]: `run` in a subshell, its output
-  # kept in NAME.out
-  (
-    port=$1; shift
-    trap stop EXIT
-    trap 'exit 1' TERM
-    run "$@" >"$out/$1.out" 2>&1
-  )
-}
-
-trap 'stop; kill $(jobs -p) 2>/dev/null || true' EXIT
-side_by_side "$port" open -- & open=$!
-side_by_side "$((port + 1))" keyed --api-key conformance-key -- --key conformance-key & keyed=$!
-wait "$open" && opened=0 || opened=$?
-wait "$keyed" && keyed=0 || keyed=$?
-cat "$out/open.out" "$out/keyed.out"
-[ "$opened" = 0 ] && [ "$keyed" = 0 ]
+run open --
+run keyed --api-key conformance-key -- --key conformance-key
 reports=("$out/open.json" "$out/keyed.json")
 if "$VENV/bin/python" -c "import ray.serve" 2>/dev/null; then
   run replicas --replicas 2 --api-key conformance-key -- --key conformance-key
