@@ -67,10 +67,10 @@ def main() -> None:
             if args.device.startswith("cuda"):
                 torch.cuda.synchronize()
             started = time.perf_counter()
-            answer = decider.decide(state or documents.next(), questions).answers["category"]
+            got = decider.decide(state or documents.next(), questions).answers["category"]
             if args.device.startswith("cuda"):
                 torch.cuda.synchronize()
-            return 1e3 * (time.perf_counter() - started), dict(answer.probabilities)
+            return 1e3 * (time.perf_counter() - started), dict(got.probabilities)
         finally:
             attention.CHAIN_SPLIT_ROWS = shipped
 
