@@ -59,17 +59,16 @@ def main() -> None:
     documents = Documents(ChatLayout(decider.tokenizer), args.prefix_tokens)
     shipped = attention.CHAIN_SPLIT_ROWS
     settings = {"split": shipped, "one masked call": 1 << 30}
+    sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
 
     def answer(questions, split_rows: int, state: str | None = None) -> tuple[float, dict[str, float]]:
         """One request's time (a new document, or `state`) with the chain split at `split_rows`, and its answer."""
         attention.CHAIN_SPLIT_ROWS = split_rows
         try:
-            if args.device.startswith("cuda"):
-                torch.cuda.synchronize()
+            sync()
             started = time.perf_counter()
             got = decider.decide(state or documents.next(), questions).answers["category"]
-            if args.device.startswith("cuda"):
-                torch.cuda.synchronize()
+            sync()
             return 1e3 * (time.perf_counter() - started), dict(got.probabilities)
         finally:
             attention.CHAIN_SPLIT_ROWS = shipped
