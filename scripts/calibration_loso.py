@@ -39,7 +39,7 @@ from pathlib import Path
 from statistics import mean
 
 from typedlm import Decider
-from typedlm.decide.calibration import CALIBRATOR_FEATURES, CalibrationFile
+from typedlm.calibrate.calibration import CALIBRATOR_FEATURES, CalibrationFile
 from typedlm.offline.coherence import negations
 from typedlm.offline.evaluate import load_examples
 from typedlm.offline.fitting import fit_calibrators

@@ -16,7 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-from typedlm.decide.calibration import CalibrationFile, shipped_calibration
+from typedlm.calibrate.calibration import CalibrationFile, shipped_calibration
 from typedlm.offline.coherence import baseline, coherence, derive
 from typedlm.offline.evaluate import load_examples
 from typedlm.offline.loso import yes_probabilities

@@ -18,8 +18,8 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+from typedlm.calibrate.calibration import shipped_calibration
 from typedlm.core.questions import parse_question
-from typedlm.decide.calibration import shipped_calibration
 from typedlm.offline.readouts import load
 from typedlm.offline.simulation import KS, SEEDS, ShippedVariant, simulate, verdicts
 from typedlm.runtime.catalog import named_model

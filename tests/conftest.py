@@ -25,7 +25,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, Gemma3TextConfig, LlamaConfig, Qwen3Config
 
-from typedlm.decide.calibration import shipped_calibration
+from typedlm.calibrate.calibration import shipped_calibration
 from typedlm.decide.decider import Decider
 from typedlm.ops.attention import kernel_available
 from typedlm.runtime.fake import FAKE_NAME, fake_model
@@ -314,12 +314,12 @@ class FakeDecider:
         return lambda: responses
 
     def record_feedback(self, posted, response):
-        from typedlm.decide.feedback import feedback_needed
+        from typedlm.calibrate.feedback import feedback_needed
 
         raise feedback_needed()
 
     def feedback_report(self):
-        from typedlm.decide.feedback import feedback_needed
+        from typedlm.calibrate.feedback import feedback_needed
 
         raise feedback_needed()
 

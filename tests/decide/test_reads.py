@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from typedlm.calibrate.calibration import CalibrationFile, contextual, normalised
+from typedlm.calibrate.reads import rotations
 from typedlm.core.errors import InvalidRequest, ModelError
 from typedlm.core.questions import ChoiceQuestion, NoulQuestion, ScoreQuestion
-from typedlm.decide.calibration import CalibrationFile, contextual, normalised
 from typedlm.decide.decider import CONTENT_FREE_STATE, Decider
-from typedlm.decide.reads import rotations
 from typedlm.runtime.models import LoadedModel
 from typedlm.text.prompt import PROMPT_VERSION
 
@@ -94,7 +94,7 @@ def test_fingerprint_ignores_dtype_but_not_weights(decider, tokenizer):
 
 
 def test_a_files_calibrator_reads_the_averaged_base_probabilities(decider, tokenizer):
-    from typedlm.decide.calibration import calibrator_features, combine, feature_scaled
+    from typedlm.calibrate.calibration import calibrator_features, combine, feature_scaled
 
     calibrator = {
         "choice": {"weights": [0.3, -0.5, 0.2, 0.1, 0.4]},
@@ -117,7 +117,7 @@ def test_a_files_calibrator_reads_the_averaged_base_probabilities(decider, token
 
 
 def test_a_calibrator_reads_its_kind_by_its_own_base(decider, tokenizer):
-    from typedlm.decide.calibration import calibrator_features, combine, feature_scaled, normalised
+    from typedlm.calibrate.calibration import calibrator_features, combine, feature_scaled, normalised
 
     calibrator = {"choice": {"weights": [0.3, 0, 0, 0, 0], "base": "raw"}, "noul": {"weights": [0.1, 0, 0, 0, 0]}}
     file = CalibrationFile("tiny", decider.fingerprint, PROMPT_VERSION, "contextual", {}, calibrator=calibrator)
@@ -134,7 +134,7 @@ def test_a_calibrator_reads_its_kind_by_its_own_base(decider, tokenizer):
 
 
 def test_a_calibrator_with_a_prior_weight_reads_the_priors_of_the_same_reads(decider, tokenizer):
-    from typedlm.decide.calibration import calibrator_features, combine, combined_prior, feature_scaled
+    from typedlm.calibrate.calibration import calibrator_features, combine, combined_prior, feature_scaled
 
     calibrator = {"choice": {"weights": [0.2, 0, 0, 0, 0], "prior_weight": 0.7, "base": "raw"}}
     file = CalibrationFile("tiny", decider.fingerprint, PROMPT_VERSION, "raw", {}, calibrator=calibrator)

@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
+from typedlm.calibrate.calibration import CalibrationFile
 from typedlm.core.errors import InvalidRequest
 from typedlm.core.questions import NO, YES, parse_questions
-from typedlm.decide.calibration import CalibrationFile
 from typedlm.offline.evaldata import Example, write_jsonl
 from typedlm.offline.evaluate import HttpBackend, LocalBackend, evaluate, load_examples
 from typedlm.offline.fitting import fit_calibrations

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from typedlm.calibrate.calibration import signature
 from typedlm.core.questions import NoulQuestion
-from typedlm.decide.calibration import signature
 from typedlm.offline.readouts import Readout
 from typedlm.offline.simulation import ShippedVariant, defaults, simulate, verdicts
 

@@ -13,9 +13,9 @@ import os
 import sys
 from pathlib import Path
 
+from typedlm.calibrate.calibration import DEFAULT_CALIBRATION
 from typedlm.core.errors import InvalidRequest
 from typedlm.core.questions import CALIBRATION_METHODS
-from typedlm.decide.calibration import DEFAULT_CALIBRATION
 from typedlm.offline.evaluate import SPLITS
 from typedlm.runtime.catalog import NAMED_MODELS, short_names
 from typedlm.runtime.models import EMBEDDED_MODEL, RECOMMENDED_MODEL

@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
         backend = HttpBackend(args.url, args.api_key)
         methods = args.methods or ["raw", "contextual"]
     else:
-        from typedlm.decide.calibration import CalibrationFile
+        from typedlm.calibrate.calibration import CalibrationFile
         from typedlm.decide.decider import Decider
 
         files = {f"fitted ({Path(path).stem})": CalibrationFile.load(path) for path in args.calibration_file}

@@ -97,7 +97,7 @@ class Response:
     usage: Usage
     extras: dict[str, Any] = field(default_factory=dict)  # x_-prefixed extensions
     reading: Any = field(default=None, repr=False, compare=False)  # what the model read, where a feedback post
-    # asked to keep it (`typedlm.decide.reads.Reading`); never on the wire
+    # asked to keep it (`typedlm.calibrate.reads.Reading`); never on the wire
 
     def to_wire(self) -> dict[str, Any]:
         body = {

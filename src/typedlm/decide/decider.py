@@ -33,6 +33,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from typedlm.calibrate.calibration import DEFAULT_CALIBRATION, CalibrationFile, shipped_calibration
+from typedlm.calibrate.calibrators import Calibrator, ContextualCalibrator, FittedCalibrator, RawCalibrator
+from typedlm.calibrate.feedback import POLL_S, Feedback, FeedbackCalibrator, feedback_needed
+from typedlm.calibrate.learning import Learner
+from typedlm.calibrate.reads import CHOICE_ANSWERS, Reading, Reads, read_count, rotations, unrotate
 from typedlm.core.answers import Answer, Response, Usage
 from typedlm.core.bounded import BoundedCache, process_memory
 from typedlm.core.errors import InvalidRequest, LimitExceeded
@@ -52,11 +57,6 @@ from typedlm.core.questions import (
     parse_feedback,
     parse_request,
 )
-from typedlm.decide.calibration import DEFAULT_CALIBRATION, CalibrationFile, shipped_calibration
-from typedlm.decide.calibrators import Calibrator, ContextualCalibrator, FittedCalibrator, RawCalibrator
-from typedlm.decide.feedback import POLL_S, Feedback, FeedbackCalibrator, feedback_needed
-from typedlm.decide.learning import Learner
-from typedlm.decide.reads import CHOICE_ANSWERS, Reading, Reads, read_count, rotations, unrotate
 from typedlm.runtime.budget import default_forward_bytes
 from typedlm.runtime.engine import Engine
 from typedlm.runtime.features import Features
@@ -133,7 +133,7 @@ class Decider:
         may take, estimated before it runs (`runtime.budget`; None: 1 GiB on a CPU, a quarter of a GPU's memory);
         `prefix_cache_bytes`: memory for
         documents kept across requests (0: only the system prompt); `calibration`: the default method (see
-        `typedlm.decide.calibration`; None: fitted where there is a file, else contextual); `calibration_file`: a file
+        `calibrate.calibration`; None: fitted where there is a file, else contextual); `calibration_file`: a file
         fitted by `typedlm calibrate` for this model (or its path; None: the file shipped for a named model, if one
         is and it matches these weights); `order_reads`: the default number of option orders read per choice/score
         question (None: what the calibration file was fitted with, else 1); `choice_answers`: how choice options are
@@ -188,7 +188,7 @@ class Decider:
         if choice_answers not in CHOICE_ANSWERS:
             raise InvalidRequest(f"choice answers must be one of {', '.join(CHOICE_ANSWERS)}")
         self.choice_answers = choice_answers
-        # One calibrator per method (`typedlm.decide.calibrators`), resolved here once; the default is fitted where
+        # One calibrator per method (`typedlm.calibrate.calibrators`), resolved here once; the default is fitted where
         # there is a file, else contextual.
         normalised = choice_answers == "names_per_token"
         self.contextual = ContextualCalibrator(self._content_free, normalised)  # it holds the priors
@@ -278,7 +278,7 @@ class Decider:
         file.check(self.fingerprint, self.prompt_version)
 
     def calibrator(self, method: str, where: str = "x_calibration") -> Calibrator:
-        """The calibrator of `method` (see `typedlm.decide.calibrators`).
+        """The calibrator of `method` (see `typedlm.calibrate.calibrators`).
 
         Raises:
             InvalidRequest: no such method, or fitted calibration without a calibration file; `where` names the

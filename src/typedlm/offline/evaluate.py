@@ -14,9 +14,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from typedlm.calibrate.calibration import CalibrationFile
 from typedlm.core.errors import InvalidRequest, TypedLMError
 from typedlm.core.questions import parse_questions, parse_state
-from typedlm.decide.calibration import CalibrationFile
 from typedlm.offline.evaldata import DATASETS, Example, read_jsonl, sample, split
 from typedlm.offline.metrics import Prediction, summarize
 

@@ -2,7 +2,7 @@
 decider, then per question type Platt scaling (noul) or a temperature (choice, score), and per question asked
 at least `MIN_QUESTION_EXAMPLES` times its own Platt scaling, or a temperature and a bias per option.
 
-What the parameters mean, and how a decider applies them, is `typedlm.decide.calibration`.
+What the parameters mean, and how a decider applies them, is `typedlm.calibrate.calibration`.
 """
 
 from __future__ import annotations
@@ -13,8 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from typedlm.core.questions import YES, parse_questions, parse_state
-from typedlm.decide.calibration import (
+from typedlm.calibrate.calibration import (
     CALIBRATOR_FEATURES,
     FLOOR,
     LOG_T_BOUNDS,
@@ -24,6 +23,7 @@ from typedlm.decide.calibration import (
     signature,
     tempered,
 )
+from typedlm.core.questions import YES, parse_questions, parse_state
 from typedlm.offline.evaldata import Example
 
 MIN_QUESTION_EXAMPLES = 30  # training answers a question needs for parameters of its own

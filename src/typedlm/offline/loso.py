@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
-from typedlm.decide.calibration import CALIBRATOR_FEATURES, calibrator_features, feature_scaled
+from typedlm.calibrate.calibration import CALIBRATOR_FEATURES, calibrator_features, feature_scaled
 from typedlm.offline.coherence import coherence
 from typedlm.offline.fitting import fit_calibrators
 from typedlm.offline.metrics import Prediction, ece_floor, summarize

@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from typedlm.decide.reliability import floor_eces
+from typedlm.calibrate.reliability import floor_eces
 
 KINDS = ("noul", "choice", "score")
 SUM_TOLERANCE = 1e-6

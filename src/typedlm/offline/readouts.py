@@ -17,8 +17,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO
 
+from typedlm.calibrate.calibration import calibrate_reads, combined_prior, signature
 from typedlm.core.questions import parse_questions, parse_state
-from typedlm.decide.calibration import calibrate_reads, combined_prior, signature
 from typedlm.offline.evaldata import Example
 
 

@@ -5,7 +5,7 @@ For each labeled set S, as a new user's task:
 1. the default: the shipped file's variant (`ShippedVariant`, its base and features per kind) fitted on every other
    set's train split, as `calibration_loso.py` fits it; what the user gets before any label (K = 0);
 2. the user's stream: S's train answers in a seeded random order (traffic does not arrive sorted by class); the
-   first K are posted as feedback (`typedlm.decide.learning.Learner`, the server's own learner, on the default's
+   first K are posted as feedback (`typedlm.calibrate.learning.Learner`, the server's own learner, on the default's
    probabilities, keyed by the question as the server keys it);
 3. S's held-out answers scored through the learner: accuracy, log loss, ECE, and the ECE floor (the 90th percentile
    of what a perfectly calibrated model with those confidences would measure on that many answers).
@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
+from typedlm.calibrate.calibration import CALIBRATOR_FEATURES
+from typedlm.calibrate.learning import Learner, Sample, question_keys
 from typedlm.core.questions import Question
-from typedlm.decide.calibration import CALIBRATOR_FEATURES
-from typedlm.decide.learning import Learner, Sample, question_keys
 from typedlm.offline.fitting import fit_calibrators, fit_temperature
 from typedlm.offline.loso import answers_of, calibrated, set_weights
 from typedlm.offline.metrics import Prediction, ece_floor, summarize

@@ -45,8 +45,8 @@ from typing import Any
 
 import numpy as np
 
+from typedlm.calibrate.calibration import CALIBRATOR_FEATURES, FLOOR, LOG_T_BOUNDS, signature
 from typedlm.core.questions import Question
-from typedlm.decide.calibration import CALIBRATOR_FEATURES, FLOOR, LOG_T_BOUNDS, signature
 
 LEVELS = ("exact", "family", "kind")  # the most specific first: an answer's report names the first with labels
 SHRINK = 10.0  # λ: the prior's weight, in labels' worth of log loss curvature (see the module docstring)

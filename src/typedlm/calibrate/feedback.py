@@ -5,7 +5,7 @@
     feedback.report()                                               # per question family: is it honest?
 
 `FeedbackCalibrator` (method "feedback") is the decider's default calibrator, `base`, with what the learner
-(`typedlm.decide.learning`) has fitted for the question on top. An answer whose question has no labels at any level
+(`typedlm.calibrate.learning`) has fitted for the question on top. An answer whose question has no labels at any level
 is the base's answer, unchanged; one that used labels says so: `"x_feedback": {"level": "family", "labels": 37}`.
 
 `Feedback` keeps the learner in step with the store (`typedlm.store.feedback`): every label is written to the store
@@ -25,13 +25,13 @@ from typing import Any
 
 import numpy as np
 
+from typedlm.calibrate.calibrators import Calibrator
+from typedlm.calibrate.learning import LEVELS, Learner, Sample, question_keys
+from typedlm.calibrate.reads import Reads
+from typedlm.calibrate.reliability import ece, floor_eces, reliability
 from typedlm.core.answers import Answer
 from typedlm.core.errors import InvalidRequest, StoreError
 from typedlm.core.questions import Question, parse_question, question_to_wire
-from typedlm.decide.calibrators import Calibrator
-from typedlm.decide.learning import LEVELS, Learner, Sample, question_keys
-from typedlm.decide.reads import Reads
-from typedlm.decide.reliability import ece, floor_eces, reliability
 from typedlm.store.feedback import FeedbackStore, Label
 
 logger = logging.getLogger(__name__)

@@ -5,7 +5,7 @@
 
 Every calibrator has the same small interface (`Calibrator`): its wire name (`method`, what `x_calibration`
 says), whether it needs the content-free priors of the reads (`needs_prior`), and `answer`. The arithmetic is
-`typedlm.decide.calibration`'s; this module decides which of it an answer goes through:
+`typedlm.calibrate.calibration`'s; this module decides which of it an answer goes through:
 
 - `RawCalibrator`: masses divided by their total;
 - `ContextualCalibrator`: the content-free label prior divided out. It owns the priors: a byte-bounded cache
@@ -14,7 +14,7 @@ says), whether it needs the content-free priors of the reads (`needs_prior`), an
 - `FittedCalibrator`: a `CalibrationFile` on top of its base method, per question where the file knows the
   question, else per kind, or its feature calibrator.
 
-The calibrators learned from users' gold answers build on these (`typedlm.decide.feedback`).
+The calibrators learned from users' gold answers build on these (`typedlm.calibrate.feedback`).
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+from typedlm.calibrate.calibration import CalibrationFile, calibrate_reads, combined_prior, signature
+from typedlm.calibrate.reads import Reads
 from typedlm.core.answers import Answer
 from typedlm.core.bounded import BoundedCache, ids_bytes, text_bytes
 from typedlm.core.questions import Question
-from typedlm.decide.calibration import CalibrationFile, calibrate_reads, combined_prior, signature
-from typedlm.decide.reads import Reads
 
 PRIOR_CACHE_BYTES = 16 << 20  # content-free masses remembered, per suffix text
 

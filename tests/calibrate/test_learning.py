@@ -1,4 +1,4 @@
-"""The learner (`typedlm.decide.learning`): calibration fitted from gold answers, per level, shrunk to its parent.
+"""The learner (`typedlm.calibrate.learning`): calibration fitted from gold answers, per level, shrunk to its parent.
 
 Synthetic labels with a known truth: answers whose default probabilities are sharpened versions of the true ones
 (true p^(1/T) for a known T), so a fitted temperature must come back near T, and log loss must fall."""
@@ -10,8 +10,8 @@ import math
 import numpy as np
 import pytest
 
+from typedlm.calibrate.learning import LEVELS, Learner, Sample, question_keys
 from typedlm.core.questions import ChoiceQuestion, NoulQuestion
-from typedlm.decide.learning import LEVELS, Learner, Sample, question_keys
 
 
 def _softmax(z: np.ndarray) -> np.ndarray:

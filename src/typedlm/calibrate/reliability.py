@@ -4,7 +4,7 @@
     floor_eces(confidences)              # the ECE of many draws of a perfectly calibrated model with these
                                          # confidences: its 90th percentile is what sampling alone allows
 
-Plain numpy, used by the feedback report (`typedlm.decide.feedback`) and by the offline metrics
+Plain numpy, used by the feedback report (`typedlm.calibrate.feedback`) and by the offline metrics
 (`typedlm.offline.metrics`), so both measure the same way.
 """
 

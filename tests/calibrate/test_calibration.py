@@ -7,8 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from typedlm.core.errors import ModelError
-from typedlm.decide.calibration import (
+from typedlm.calibrate.calibration import (
     FLOOR,
     CalibrationFile,
     calibrate_read,
@@ -18,6 +17,7 @@ from typedlm.decide.calibration import (
     platt,
     tempered,
 )
+from typedlm.core.errors import ModelError
 from typedlm.offline.fitting import fit_platt, fit_scaling, fit_temperature
 
 
@@ -125,8 +125,8 @@ def test_per_question_scaling_learns_how_often_each_answer_is_right():
 
 
 def test_a_files_own_question_parameters_win_over_its_types():
+    from typedlm.calibrate.calibration import signature
     from typedlm.core.questions import ChoiceQuestion
-    from typedlm.decide.calibration import signature
 
     known = ChoiceQuestion((("a", None), ("b", None)), "Known?")
     unknown = ChoiceQuestion((("a", None), ("b", None)), "Unknown?")
@@ -153,7 +153,7 @@ def test_platt_never_reverses_the_models_evidence():
 
 
 def test_feature_scaling_by_hand():
-    from typedlm.decide.calibration import CALIBRATOR_FEATURES, calibrator_features, feature_scaled
+    from typedlm.calibrate.calibration import CALIBRATOR_FEATURES, calibrator_features, feature_scaled
 
     probs = [0.5, 0.25, 0.25]
     phi = calibrator_features(probs, raw_mass=0.5, disagreement=1 / 3)
@@ -173,7 +173,7 @@ def test_feature_scaling_by_hand():
 
 
 def test_fitting_the_calibrator_recovers_a_temperature_that_depends_on_raw_mass():
-    from typedlm.decide.calibration import calibrator_features
+    from typedlm.calibrate.calibration import calibrator_features
     from typedlm.offline.fitting import fit_calibrator
 
     # answers whose base probabilities are overconfident by T = 1 / raw mass: a model that is sure when the
@@ -193,7 +193,7 @@ def test_fitting_the_calibrator_recovers_a_temperature_that_depends_on_raw_mass(
 
 
 def test_a_prior_weight_divides_out_that_share_of_the_content_free_prior():
-    from typedlm.decide.calibration import calibrator_features, contextual, feature_scaled
+    from typedlm.calibrate.calibration import calibrator_features, contextual, feature_scaled
 
     probs, prior = [0.6, 0.3, 0.1], [0.7, 0.2, 0.1]
     phi = calibrator_features(probs, 1.0, 0.0)
@@ -212,7 +212,7 @@ def test_a_prior_weight_divides_out_that_share_of_the_content_free_prior():
 
 
 def test_fitting_the_calibrator_recovers_how_much_of_the_prior_is_bias():
-    from typedlm.decide.calibration import calibrator_features
+    from typedlm.calibrate.calibration import calibrator_features
     from typedlm.offline.fitting import fit_calibrator
 
     # a reader whose answers carry its label prior q to the power 0.6 on top of the truth: p ∝ truth · q^0.6
