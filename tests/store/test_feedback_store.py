@@ -21,7 +21,8 @@ import pytest
 
 from typedlm.cli import main
 from typedlm.core.errors import StoreError
-from typedlm.store.feedback import FeedbackStore, Label
+from typedlm.store.feedback import FeedbackStore
+from typedlm.store.labels import Label
 
 WRITERS = 16  # threads, then processes, posting to one file at once
 POSTS = 8  # each writer's posts; every other one under a feedback id all writers share
@@ -105,7 +106,7 @@ def test_a_retried_post_is_stored_once(tmp_path):
 def _post(store: FeedbackStore, writer: int, posts: int, barrier) -> list[tuple[str, list[str] | None]]:
     """One writer's posts, each of two labels: (feedback id, the uids stored or None). Threads call it; spawned
     processes run it from its source (importing this module would import tests/__init__.py, and torch with it)."""
-    from typedlm.store.feedback import Label
+    from typedlm.store.labels import Label
 
     def label(n: int) -> Label:
         fields = {"model": "m", "fingerprint": "f", "prompt_version": "1", "reading": "letters", "kind": "noul"}
@@ -209,7 +210,8 @@ def test_processes_posting_at_once_lose_nothing(tmp_path):
 
 def _write_until_killed(path: str) -> None:
     """Post forever, printing each stored id once `add` has returned."""
-    from typedlm.store.feedback import FeedbackStore, Label
+    from typedlm.store.feedback import FeedbackStore
+    from typedlm.store.labels import Label
 
     fields = {"model": "m", "fingerprint": "f", "prompt_version": "1", "reading": "letters", "kind": "score"}
     with FeedbackStore(path) as store:

@@ -32,7 +32,8 @@ from typedlm.calibrate.reliability import ece, floor_eces, reliability
 from typedlm.core.answers import Answer
 from typedlm.core.errors import InvalidRequest, StoreError
 from typedlm.core.questions import Question, parse_question, question_to_wire
-from typedlm.store.feedback import FeedbackStore, Label
+from typedlm.store.feedback import FeedbackStore
+from typedlm.store.labels import Label
 
 logger = logging.getLogger(__name__)
 
