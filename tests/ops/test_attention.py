@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from typedlm.ops import attention
-from typedlm.ops.attention import CascadePlan, OwnSegments, cascade, plain_attention
+from typedlm.ops.attention import CascadePlan, OwnSegments, cascade
+from typedlm.ops.lse_attention import plain_attention
 from typedlm.runtime.packing import PackedItem, pack
 from typedlm.text.labels import LabelSet
 

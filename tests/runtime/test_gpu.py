@@ -9,7 +9,7 @@ from typedlm.core.confidence import normalise
 from typedlm.core.options import EngineOptions
 from typedlm.core.questions import ChoiceQuestion, NoulQuestion, ScoreQuestion
 from typedlm.decide.decider import Decider
-from typedlm.ops.attention import attend_with_lse, plain_attention
+from typedlm.ops.lse_attention import attend_with_lse, plain_attention
 from typedlm.runtime import graphs as graphs_module
 from typedlm.runtime.engine import Engine
 from typedlm.runtime.models import LoadedModel

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from typedlm.core.options import EngineOptions
-from typedlm.ops.attention import attend_ranges, attend_with_lse
 from typedlm.ops.fused import reference_ops
+from typedlm.ops.lse_attention import attend_ranges, attend_with_lse
 from typedlm.runtime.engine import Engine
 from typedlm.runtime.packing import PackedItem, pack
 from typedlm.runtime.patching import fuse

@@ -35,7 +35,8 @@ import numpy as np
 import torch
 
 from typedlm.ops import kernel_blocks
-from typedlm.ops.attention import StaticPlan, additive
+from typedlm.ops.attention import StaticPlan
+from typedlm.ops.lse_attention import additive
 from typedlm.runtime import hf
 from typedlm.runtime.hf import Layers
 from typedlm.runtime.packing import PackedBatch
