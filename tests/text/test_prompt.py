@@ -9,12 +9,12 @@ from transformers import AutoTokenizer
 
 from typedlm.core.errors import ModelError
 from typedlm.core.questions import ChoiceQuestion, NoulQuestion, ScoreQuestion
+from typedlm.text.cut import common_prefix_length
 from typedlm.text.prompt import (
     DOCUMENT_CACHE_BYTES,
     QUESTION_OPEN,
     SYSTEM_PROMPT,
     ChatLayout,
-    common_prefix_length,
     question_block,
     render_text,
 )
@@ -170,7 +170,7 @@ def test_remembered_documents_and_suffixes_equal_fresh_tokenizations(tokenizer, 
         assert len(layout.documents) == len(states) and stats["hits"] >= len(states) and not stats["evictions"]
     else:  # the least recently used documents were forgotten
         assert stats["evictions"] > 0 and 0 < len(layout.documents) < len(states)
-    assert len(layout.tails) == len(QUESTIONS)  # the text after the cut is the same for every document
+    assert len(layout.cutter.tails) == len(QUESTIONS)  # the text after the cut is the same for every document
 
 
 def test_threads_tokenizing_at_once_get_what_one_thread_gets(tokenizer, monkeypatch):
@@ -179,7 +179,7 @@ def test_threads_tokenizing_at_once_get_what_one_thread_gets(tokenizer, monkeypa
     from concurrent.futures import ThreadPoolExecutor
 
     monkeypatch.setattr("typedlm.text.prompt.DOCUMENT_CACHE_BYTES", 60_000)
-    monkeypatch.setattr("typedlm.text.prompt.TAIL_CACHE_BYTES", 4_000)
+    monkeypatch.setattr("typedlm.text.cut.TAIL_CACHE_BYTES", 4_000)
     states = [f"ticket {i}: " + "the parcel came late and broken. " * (i % 7 + 1) for i in range(24)] + STATES
     states += [f"long ticket {i}: " + "the parcel came late and broken. " * 70 for i in range(8)]  # cut in pieces
     jobs = [(state, QUESTIONS[i % 3 :] or QUESTIONS) for i, state in enumerate(states * 3)]
@@ -216,7 +216,7 @@ def test_object_states_and_unhashable_questions_are_remembered_apart(tokenizer):
 
 def test_a_cut_that_fails_its_check_tokenizes_every_prompt_whole(tokenizer, monkeypatch):
     layout = ChatLayout(tokenizer)
-    monkeypatch.setattr(layout, "_tails", lambda texts, anchored=False: [(0,)] * len(texts))  # ids that never match
+    monkeypatch.setattr(layout.cutter, "tail_ids", lambda texts, anchored=False: [(0,)] * len(texts))  # never match
     tokenized = layout.tokenize("plain text", QUESTIONS)
     assert layout.cut_holds("plain text") is False and layout.cut_holds("never seen") is None
     for question, suffix in zip(QUESTIONS, tokenized.suffix_ids, strict=True):

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from typedlm.runtime.interface import Prefix
-from typedlm.text.prompt import common_prefix_length
+from typedlm.text.cut import common_prefix_length
 
 
 @dataclass

@@ -16,7 +16,7 @@ prefix's own ids, and feeding prefix + suffix is exactly the ids of the whole pr
 
 Tokenizing each whole prompt would cost Q tokenizations of the document. Instead a document's prompts are cut at
 a token boundary inside the prefix's close (`ChatLayout.prefix_close`: the document close and the question opening;
-`ChatLayout._cut`): the ids before it are the document's own, and the text after it (a piece of the close, then the
+`typedlm.text.cut`): the ids before it are the document's own, and the text after it (a piece of the close, then the
 question) is the same for every document, so its ids are remembered per question. The cut is checked once per
 document, on the document's last tokens with the first question; documents are remembered (by their exact text)
 with their ids and checked cut, so a repeated document is not tokenized again. A long new document is tokenized in
@@ -28,13 +28,13 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cached_property
 
 import numpy as np
 
-from typedlm.core.bounded import BoundedCache, ids_bytes, text_bytes
+from typedlm.core.bounded import BoundedCache, text_bytes
 from typedlm.core.errors import ModelError
 from typedlm.core.questions import ChoiceQuestion, NoulQuestion, Question, ScoreQuestion, Text
+from typedlm.text.cut import Cut, CutTokenizer, common_prefix_length
 from typedlm.text.labels import choice_labels, score_labels
 from typedlm.text.pieces import PIECE_CHARS, PieceTokenizer
 
@@ -92,10 +92,7 @@ DOCUMENT_CLOSE = "\n</document>"
 QUESTION_LEAD = "\n\n"
 QUESTION_OPEN = "Question:"  # how every question block starts (the prefix ends with it; see `ChatLayout`)
 DOCUMENT_CACHE_BYTES = 64 << 20  # documents whose prefix ids and checked cut are remembered (texts and ids)
-TAIL_TOKENS = 48  # the prefix's last tokens, re-tokenized with the first question to check the cut
-TAIL_CACHE_BYTES = 32 << 20  # suffixes whose ids after the cut are remembered (texts and ids)
 SUFFIX_TEXT_BYTES = 32 << 20  # questions whose suffix text is remembered (questions and texts)
-PREFIX_CHUNK = 256  # token ids compared at a time by common_prefix_length
 WORD_JOINER = "\u2060"  # invisible; breaks a control-token string in user text into plain text
 _STATE = "\x00typedlm-state\x00"
 _QUESTION = "\x00typedlm-question\x00"
@@ -159,48 +156,6 @@ def question_block(question: Question, version: str = PROMPT_VERSION) -> str:
     return "\n".join(_QUESTION_LINES[question.kind](question, wording(version)))
 
 
-def common_prefix_length(first: Sequence[int], *others: Sequence[int]) -> int:
-    """How many leading token ids `first` shares with every one of `others`."""
-    n = len(first)
-    for other in others:
-        n = min(n, len(other))
-        # chunks compared as tuples (at C speed); only a chunk that differs is walked id by id
-        for start in range(0, n, PREFIX_CHUNK):
-            end = min(start + PREFIX_CHUNK, n)
-            mine, theirs = tuple(first[start:end]), tuple(other[start:end])
-            if mine != theirs:
-                n = start + next(i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b)
-                break
-    return n
-
-
-@dataclass(frozen=True)
-class _Cut:
-    """A document's prefix ids split where its prompts are cut: `head_ids` + `tail_ids` == ids of the prefix.
-
-    `tail` is the prefix's text from the cut on (a piece of its close), None where no cut holds; `anchored`: the
-    text after the cut is tokenized behind the layout's anchor (`ChatLayout._anchor`).
-    """
-
-    head_ids: tuple[int, ...]
-    tail_ids: tuple[int, ...]
-    tail: str | None
-    anchored: bool = False
-
-    @cached_property
-    def array(self) -> np.ndarray:
-        """The prefix's ids (head and tail) as a read-only int64 array."""
-        array = np.array(self.head_ids + self.tail_ids, dtype=np.int64)
-        array.setflags(write=False)
-        return array
-
-    @property
-    def nbytes(self) -> int:
-        """What the cut keeps alive: its ids (as Python ints and as the array) and its tail's text."""
-        n = len(self.head_ids) + len(self.tail_ids)
-        return ids_bytes(n) + 8 * n + (text_bytes(self.tail) if self.tail else 0)
-
-
 @dataclass(frozen=True)
 class TokenizedPrompt:
     """A request's prompt as token ids: one shared prefix, one suffix per question.
@@ -242,17 +197,16 @@ class ChatLayout:
         self.prefix_close = f"{self.document_close}{self.question_opening}"  # the prefix after the state
         self.system_ids = self.encode(head)
         # Remembered across requests, each bounded in bytes and shared by the threads that tokenize:
-        # (state or prefix text) -> its cut; (anchored, close piece + suffix) -> ids; question -> its suffix text
-        self.documents: BoundedCache[tuple[str, str], _Cut] = BoundedCache("documents", DOCUMENT_CACHE_BYTES)
-        self.tails: BoundedCache[tuple[bool, str], tuple[int, ...]] = BoundedCache("tails", TAIL_CACHE_BYTES)
+        # (state or prefix text) -> its cut; question -> its suffix text (and, in the cutter, the ids after a cut)
+        self.documents: BoundedCache[tuple[str, str], Cut] = BoundedCache("documents", DOCUMENT_CACHE_BYTES)
         self.suffix_texts: BoundedCache[Question, str] = BoundedCache("suffix_texts", SUFFIX_TEXT_BYTES)
         # Strings the tokenizer turns into control tokens (<|im_end|>, <|im_start|>, ...). In user text
         # they would let a document close its own turn and answer for the model, so they are defused.
         added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
         specials = set(getattr(tokenizer, "all_special_tokens", [])) | {t.content for t in added.values() if t.special}
         self._control_strings = sorted((s for s in specials if len(s) > 1), key=len, reverse=True)
-        self._anchor = self._find_anchor(sorted(specials))
-        self._anchored_first = False  # the way the last document's cut held, tried first on the next one
+        # where a document's prompts are cut, and the ids of the text after the cut, remembered per question
+        self.cutter = CutTokenizer(tokenizer, self.pieces, self.prefix_close, sorted(specials))
 
     def defuse(self, text: str) -> str:
         """User text with every control-token string broken by a word joiner, so it tokenizes as text."""
@@ -307,14 +261,14 @@ class ChatLayout:
         cut = self.documents.get(key)
         if cut is None:
             prefix = prefix or self.prefix_text(state)
-            cut = self._cut(prefix, suffixes[0])  # the long part: the whole document tokenized
+            cut = self.cutter.cut(prefix, suffixes[0])  # the long part: the whole document tokenized
             cut = self.documents.put(key, cut, cut.nbytes + text_bytes(key[1]))  # a thread that cut it meanwhile:
             # the same cut
         if cut.tail is None:  # no cut holds for this document: every whole prompt tokenized whole
             prefix = prefix or self.prefix_text(state)
-            tails = self._encode_batch([prefix + suffix for suffix in suffixes])
+            tails = self.cutter.encode_batch([prefix + suffix for suffix in suffixes])
         else:
-            tails = self._tails([cut.tail + suffix for suffix in suffixes], cut.anchored)
+            tails = self.cutter.tail_ids([cut.tail + suffix for suffix in suffixes], cut.anchored)
         n = common_prefix_length(cut.tail_ids, *tails)
         prefix_ids = [*cut.head_ids, *cut.tail_ids[:n]]
         array = cut.array[: len(prefix_ids)]  # the document's array (a view), shared by every request on it
@@ -336,67 +290,6 @@ class ChatLayout:
         cut = self.documents.get(key)
         return None if cut is None else cut.tail is not None
 
-    def _encode_batch(self, texts: list[str], anchored: bool = False) -> list[tuple[int, ...]]:
-        """The ids of each text; `anchored`: of the text tokenized behind the anchor, the anchor's id taken off."""
-        if not anchored:
-            return [tuple(ids) for ids in self._tokenizer(texts, add_special_tokens=False)["input_ids"]]
-        anchor, anchor_id = self._anchor
-        encoded = self._tokenizer([anchor + text for text in texts], add_special_tokens=False)["input_ids"]
-        return [tuple(ids[1:]) if ids[:1] == [anchor_id] else (anchor_id, *ids) for ids in encoded]  # else: no match
-
-    def _find_anchor(self, specials: list[str]) -> tuple[str, int] | None:
-        """A special token to tokenize text behind: one id, after which the text's ids are its ids in the middle of
-        a prompt. SentencePiece-style tokenizers mark a text's start (`▁` before its first word, Llama-2's and
-        Mistral's); after a special token they do not, so the text after a cut can still be tokenized alone."""
-        for special in specials:
-            ids = self.encode(special)
-            if len(ids) == 1:
-                return special, ids[0]
-        return None
-
-    def _cut(self, prefix: str, first_suffix: str) -> _Cut:
-        """Where to cut this document's prompts: at the first token of `prefix` that starts in its close.
-
-        Tokenizers split text into short pieces before merging (whitespace, punctuation), so the ids before a
-        token boundary of the prefix stay the same whatever follows it. The text after the cut is then a
-        piece of the fixed close, the same for every document, and its tokenization with each
-        suffix is cached (`_tails`). The cut is checked once per document, on the prefix's last `TAIL_TOKENS`
-        tokens tokenized alone and with the first question: they must give the prefix's own ids, then the cut's
-        (for the same reason, the ids before those tokens cannot change either, so the document is not
-        tokenized again with the question). Where that fails, the same check is made with the texts tokenized
-        behind the anchor (`_find_anchor`); the way that held last is tried first. A tokenizer for which both fail
-        gets every prompt tokenized whole.
-        """
-        encoded = self.pieces.encode(prefix)
-        alone, spans = encoded.ids, encoded.encodings is not None
-        close, k = len(prefix) - len(self.prefix_close), len(alone) if spans else 0
-        while k and encoded.start(k - 1) >= close:
-            k -= 1
-        if spans and k < len(alone):
-            tail, j = prefix[encoded.start(k) :], max(k - TAIL_TOKENS, 0)
-            window = prefix[encoded.start(j) :]
-            first = self._anchored_first
-            for anchored in (first, not first) if self._anchor else (False,):
-                window_alone, window_whole = self._encode_batch([window, window + first_suffix], anchored)
-                if (
-                    window_alone == alone[j:]
-                    and window_whole == alone[j:k] + self._tails([tail + first_suffix], anchored)[0]
-                ):
-                    self._anchored_first = anchored
-                    return _Cut(alone[:k], alone[k:], tail, anchored)
-        return _Cut((), alone, None)
-
-    def _tails(self, texts: list[str], anchored: bool = False) -> list[tuple[int, ...]]:
-        """The ids of each text (a piece of the prefix's close + a suffix), remembered per text (and whether it was
-        tokenized behind the anchor)."""
-        keys = [(anchored, text) for text in texts]
-        known = {key: ids for key in dict.fromkeys(keys) if (ids := self.tails.get(key)) is not None}
-        missing = [key for key in dict.fromkeys(keys) if key not in known]
-        if missing:
-            for key, ids in zip(missing, self._encode_batch([text for _, text in missing], anchored)):
-                known[key] = self.tails.put(key, ids, text_bytes(key[1]) + ids_bytes(ids))
-        return [known[key] for key in keys]
-
     def caches(self) -> list[BoundedCache]:
         """The caches this layout keeps across requests (for their sizes on /metrics)."""
-        return [self.documents, self.tails, self.suffix_texts]
+        return [self.documents, self.cutter.tails, self.suffix_texts]
