@@ -51,7 +51,7 @@ from benchmarks.harness import (
     table_head,
     write_report,
 )
-from benchmarks.throughput import GpuBusy, attention_decider, run_clients
+from benchmarks.throughput_cells import GpuBusy, attention_decider, run_clients
 from typedlm.decide.decider import Decider
 from typedlm.serving.heap import freeze_start_up_objects
 from typedlm.serving.worker import HOST_THREADS, PIPELINE_DEPTH, ModelWorker
@@ -73,7 +73,7 @@ class Forward:
 
 
 class DeviceClock:
-    """`throughput.GpuBusy`'s events around each launch of a static runner, read back on the host clock: one
+    """`throughput_cells.GpuBusy`'s events around each launch of a static runner, read back on the host clock: one
     event recorded while the device is idle marks a known host time, and every later event is that time plus its
     elapsed time."""
 
@@ -100,7 +100,7 @@ def timed_cell(
     decider: Decider, documents: Documents, questions: dict, clients: int, per_client: int, pipeline: int,
     batching: bool, warmup: int,
 ) -> tuple[list[Forward], float]:  # fmt: skip
-    """`throughput.in_process`'s cell, every step timed: the forwards of the measured part, and its seconds."""
+    """`throughput_cells.in_process`'s cell, every step timed: the forwards of the measured part, and its seconds."""
     runner = getattr(decider.engine.forward, "runner", None)
     clock = DeviceClock(runner) if runner is not None and runner.device.type == "cuda" else None
     forwards: list[Forward] = []
