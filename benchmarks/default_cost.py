@@ -28,7 +28,7 @@ def main() -> None:
     loaded = load_model(args.model)
     decider = Decider(loaded, prefix_cache_bytes=0)
     request = parse_request(example_request())
-    setups = {"contextual, 1 read": ("contextual", 1), "default": (decider.calibration, decider.order_reads)}
+    setups = {"contextual, 1 read": ("contextual", 1), "default": (decider.calibration, decider.config.order_reads)}
     times: dict[str, list[float]] = {name: [] for name in setups}
     for method, reads in setups.values():  # warm-up: content-free priors, shapes
         decider.decide(request.state, request.questions, method, reads)

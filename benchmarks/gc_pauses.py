@@ -82,7 +82,7 @@ def main() -> None:
     documents = Documents(decider.layout, args.prefix_tokens)  # each new
 
     def forward() -> None:  # one forward's documents
-        decider.decide_prepared([decider.prepare_request(documents.next(), questions) for _ in range(args.documents)])
+        decider.launch_prepared([decider.prepare_request(documents.next(), questions) for _ in range(args.documents)])()
 
     for _ in range(5):  # warm-up: caches filled, as in a server
         forward()

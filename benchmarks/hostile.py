@@ -137,7 +137,7 @@ def admitted(decider: Decider, body: dict) -> tuple[bool, int]:
     """Whether the server's limits admit `body` (no model work), and the forward memory estimated for it."""
     request = parse_request(body)
     try:
-        prepared = decider.prepare(request.state, request.questions, request.order_reads or decider.order_reads)
+        prepared = decider.prepare_request(request.state, request.questions, None, request.order_reads).reads
     except LimitExceeded:
         return False, 0
     return True, decider.engine.budget.bytes(len(prepared.prompt.prefix_ids), [item.rows for item in prepared.items])

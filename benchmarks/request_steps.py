@@ -11,7 +11,7 @@ on CUDA the graph's own GPU time (events) and the time its launch takes on the h
 The wrapping adds about a microsecond per step; the request's total is timed with it.
 
 With --documents N, each forward answers N new documents together (as the server's model worker batches
-them): N requests are prepared (timed as one step), then answered by `Decider.decide_prepared`; a step that
+them): N requests are prepared (timed as one step), then answered by `Decider.launch_prepared`; a step that
 runs once per document is summed over them. The row is one forward's; divide by N for a document's share.
 
 With --profile (CUDA) each row also lists where one replay's GPU time goes, from `torch.profiler` over
@@ -143,7 +143,7 @@ def measure(decider: Decider, args, q: int, n: int, sync) -> dict:
         note("prepare<")
         requests = [decider.prepare_request(state, questions) for state in documents(i)]
         note("prepare>")
-        decider.decide_prepared(requests)
+        decider.launch_prepared(requests)()
 
     runner = getattr(decider.engine.forward, "runner", None)  # the static forward's
     if args.no_forward:

@@ -26,6 +26,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, Gemma3TextConfig, LlamaConfig, Qwen3Config
 
 from typedlm.calibrate.calibration import shipped_calibration
+from typedlm.core.description import ModelDescription
 from typedlm.decide.decider import Decider
 from typedlm.ops.attention import kernel_available
 from typedlm.runtime.fake import FAKE_NAME, fake_model
@@ -302,8 +303,8 @@ class FakeDecider:
 
     max_batch = 1
 
-    def describe(self) -> dict[str, str]:
-        return {"model": self.name}
+    def describe(self) -> ModelDescription:
+        return ModelDescription(self.name)
 
     def prepare_request(self, state, questions, calibration=None, order_reads=None, keep_reading=False):
         tokens = max(1, len(json.dumps(state, ensure_ascii=False).split()))

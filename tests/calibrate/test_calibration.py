@@ -10,7 +10,6 @@ import pytest
 from typedlm.calibrate.calibration import (
     FLOOR,
     CalibrationFile,
-    calibrate_read,
     combine,
     contextual,
     normalised,
@@ -106,8 +105,8 @@ def test_calibration_file_round_trip_and_checks(tmp_path):
         loaded.check("def", "1")
     with pytest.raises(ModelError, match="prompt version"):
         loaded.check("abc", "2")
-    assert calibrate_read("noul", [0.8, 0.2], "fitted", fitted=loaded)[0] == pytest.approx(2 / 3)
-    assert calibrate_read("score", [0.5, 0.5], "fitted", fitted=loaded) == pytest.approx([0.5, 0.5])  # no params
+    assert loaded.reader("noul")([0.8, 0.2], None)[0] == pytest.approx(2 / 3)
+    assert loaded.reader("score")([0.5, 0.5], None) == pytest.approx([0.5, 0.5])  # no params
     for bad in ("not json", '{"format": "other"}', '{"format": "typedlm-calibration/1", "base": "raw"}'):
         path.write_text(bad)
         with pytest.raises(ModelError):
@@ -132,12 +131,8 @@ def test_a_files_own_question_parameters_win_over_its_types():
     unknown = ChoiceQuestion((("a", None), ("b", None)), "Unknown?")
     questions = {signature(known): {"kind": "choice", "n": 50, "temperature": 1.0, "bias": [0.0, math.log(3)]}}
     file = fitted(questions=questions, params={"choice": {"temperature": 1.0}})
-    assert calibrate_read("choice", [0.5, 0.5], "fitted", fitted=file, question=signature(known)) == pytest.approx(
-        [0.25, 0.75]
-    )
-    assert calibrate_read("choice", [0.5, 0.5], "fitted", fitted=file, question=signature(unknown)) == pytest.approx(
-        [0.5, 0.5]
-    )
+    assert file.reader("choice", signature(known))([0.5, 0.5], None) == pytest.approx([0.25, 0.75])
+    assert file.reader("choice", signature(unknown))([0.5, 0.5], None) == pytest.approx([0.5, 0.5])
     assert signature(known) != signature(unknown) and len(signature(known)) == 16
 
 

@@ -111,11 +111,11 @@ def test_options_read_by_name_equal_a_full_forward_and_fall_back_to_letters(real
     assert answer.raw_mass == pytest.approx(sum(expected), abs=1e-6), "the raw mass stays the labels' own"
     loaded = LoadedModel(real_decider.engine.model, real_decider.tokenizer, real_decider.name)
     shipped = Decider(loaded)
-    assert shipped.choice_answers == shipped.calibration_file.data["choice_answers"], "the shipped file's way"
+    assert shipped.config.choice_answers == shipped.calibration_file.data["choice_answers"], "the shipped file's way"
     by_name = replace(shipped.calibration_file, data={**shipped.calibration_file.data, "choice_answers": "names"})
-    assert Decider(loaded, calibration_file=by_name).choice_answers == "names", "a file's way is the default"
+    assert Decider(loaded, calibration_file=by_name).config.choice_answers == "names", "a file's way is the default"
     # ... unless one is asked for: readouts recorded "by letter" must not follow the file (they did once)
-    assert Decider(loaded, calibration_file=by_name, choice_answers="letters").choice_answers == "letters"
+    assert Decider(loaded, calibration_file=by_name, choice_answers="letters").config.choice_answers == "letters"
     with pytest.raises(InvalidRequest, match="choice answers"):
         Decider(
             LoadedModel(real_decider.engine.model, real_decider.tokenizer, real_decider.name), choice_answers="words"
@@ -140,7 +140,7 @@ def test_limits_are_checked_before_any_model_work(real_decider, monkeypatch):
     long_state = "word " * 9000  # SmolLM2 reads 8192 positions
     with pytest.raises(LimitExceeded, match="at most 8192"):
         real_decider.respond({**BODY, "state": long_state})
-    monkeypatch.setattr(real_decider, "max_input_tokens", 50)
+    monkeypatch.setattr(real_decider.preparer, "max_input_tokens", 50)
     with pytest.raises(LimitExceeded, match="at most 50"):
         real_decider.respond(BODY)
 
@@ -163,7 +163,7 @@ def test_more_questions_than_the_tokens_could_hold_are_refused_before_anything_i
 
     monkeypatch.setattr(real_decider.layout, "render_suffix", no_rendering)
     held = {cache.name: cache.stats()["bytes"] for cache in real_decider.caches()}
-    most = real_decider.max_reads
+    most = real_decider.preparer.max_reads
     questions = {f"q{i}": {"type": "noul"} for i in range(most + 1)}
     with pytest.raises(LimitExceeded, match=f"send at most {most} questions"):
         real_decider.respond({**BODY, "questions": questions})
@@ -179,14 +179,14 @@ def test_a_forward_over_the_memory_budget_is_refused_naming_it(real_decider, mon
     # ones are not padded to the long one's rows (padded, this request's estimate was 6x the long one's alone).
     big = {"type": "choice", "criteria": {f"option number {i}": None for i in range(200)}}
     short = {f"q{i}": {"type": "noul", "instructions": f"Is it about {i}?"} for i in range(40)}
-    monkeypatch.setattr(real_decider, "max_forward_bytes", 1 << 40)
-    alone = real_decider.prepare(STATE, parse_questions({"big": big}))
-    together = real_decider.prepare(STATE, parse_questions({"big": big, **short}))
+    monkeypatch.setattr(real_decider.preparer, "max_forward_bytes", 1 << 40)
+    alone = real_decider.preparer.prepare(STATE, parse_questions({"big": big}))
+    together = real_decider.preparer.prepare(STATE, parse_questions({"big": big, **short}))
     estimate = real_decider.engine.budget.bytes
     need_alone = estimate(len(alone.prompt.prefix_ids), [item.rows for item in alone.items])
     need_together = estimate(len(together.prompt.prefix_ids), [item.rows for item in together.items])
     assert need_alone < need_together < 1.5 * need_alone and together.tokens < 1.5 * alone.tokens
-    monkeypatch.setattr(real_decider, "max_forward_bytes", (need_alone + need_together) // 2)
+    monkeypatch.setattr(real_decider.preparer, "max_forward_bytes", (need_alone + need_together) // 2)
     with pytest.raises(LimitExceeded, match=r"would hold about \d+ MiB; this server allows \d+ MiB per request"):
         real_decider.respond({**BODY, "questions": {"big": big, **short}})
     assert real_decider.respond({**BODY, "questions": {"big": big}})["answers"]["big"]["probabilities"]
@@ -225,7 +225,7 @@ def test_requests_decided_together_equal_each_alone(real_decider):
         (STATE, {"topic": ChoiceQuestion((("billing", None), ("shipping", None), ("other", None)))}, None, 3),
         ("Short.", {"spam": NoulQuestion("Is this spam?")}, None, None),
     ]
-    together = batched.decide_prepared([batched.prepare_request(*request) for request in requests])
+    together = batched.launch_prepared([batched.prepare_request(*request) for request in requests])()
     for request, response in zip(requests, together, strict=True):
         alone = batched.decide(*request)
         # decided alone after the batch, a document is a prefix-cache hit: the same tokens, more of them cached

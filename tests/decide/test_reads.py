@@ -9,7 +9,8 @@ from typedlm.calibrate.calibration import CalibrationFile, contextual, normalise
 from typedlm.calibrate.reads import rotations
 from typedlm.core.errors import InvalidRequest, ModelError
 from typedlm.core.questions import ChoiceQuestion, NoulQuestion, ScoreQuestion
-from typedlm.decide.decider import CONTENT_FREE_STATE, Decider
+from typedlm.decide.decider import Decider
+from typedlm.decide.prepare import CONTENT_FREE_STATE
 from typedlm.runtime.models import LoadedModel
 from typedlm.text.prompt import PROMPT_VERSION
 
@@ -107,11 +108,11 @@ def test_a_files_calibrator_reads_the_averaged_base_probabilities(decider, token
         base, _, agreement = combine([contextual(m, p) for m, p in zip(r.masses, r.priors, strict=True)])
         mass = sum(min(1.0, sum(m)) for m in r.masses) / len(r.masses)
         want = feature_scaled(r.kind, base, calibrator[r.kind], calibrator_features(base, mass, 1 - agreement))
-        answer = decider.answer(QUESTIONS[qid], r, "fitted", file)
+        answer = decider.calibrators.fitted(file).answer(QUESTIONS[qid], r)
         got = [answer.p_yes, 1 - answer.p_yes] if qid == "late" else list(answer.probabilities.values())
         assert got == pytest.approx(want, abs=1e-12), qid
     # a kind without a calibrator keeps its base probabilities (the file has no score parameters either)
-    score = decider.answer(QUESTIONS["urgency"], reads["urgency"], "fitted", file)
+    score = decider.calibrators.fitted(file).answer(QUESTIONS["urgency"], reads["urgency"])
     base, _, _ = combine([contextual(m, p) for m, p in zip(reads["urgency"].masses, reads["urgency"].priors)])
     assert list(score.probabilities) == pytest.approx(base, abs=1e-12)
 
@@ -129,7 +130,7 @@ def test_a_calibrator_reads_its_kind_by_its_own_base(decider, tokenizer):
     base, _, agreement = combine([normalised(m) for m in r.masses])  # raw: the priors are not used
     mass = sum(min(1.0, sum(m)) for m in r.masses) / len(r.masses)
     want = feature_scaled("choice", base, calibrator["choice"], calibrator_features(base, mass, 1 - agreement))
-    got = list(decider.answer(QUESTIONS["topic"], r, "fitted", file).probabilities.values())
+    got = list(decider.calibrators.fitted(file).answer(QUESTIONS["topic"], r).probabilities.values())
     assert got == pytest.approx(want, abs=1e-12)
 
 
@@ -142,11 +143,11 @@ def test_a_calibrator_with_a_prior_weight_reads_the_priors_of_the_same_reads(dec
     r = decider.read(STATE, QUESTIONS, order_reads=3, contextual=True).reads["topic"]
     base, _, agreement = combine([normalised(m) for m in r.masses])
     prior = combine([normalised(p) for p in r.priors])[0]
-    assert combined_prior("choice", r.priors) == pytest.approx(prior)
+    assert combined_prior(r.priors) == pytest.approx(prior)
     mass = sum(min(1.0, sum(m)) for m in r.masses) / len(r.masses)
     phi = calibrator_features(base, mass, 1 - agreement)
     want = feature_scaled("choice", base, calibrator["choice"], phi, prior)
-    got = list(decider.answer(TOPIC, r, "fitted", file).probabilities.values())
+    got = list(decider.calibrators.fitted(file).answer(TOPIC, r).probabilities.values())
     assert got == pytest.approx(want, abs=1e-12)
     # served: a decider with the file reads the content-free priors itself (they are cached per question text)
     model = LoadedModel(tiny_model("qwen3", len(tokenizer), seed=5), tokenizer, "tiny-qwen3")
@@ -156,17 +157,17 @@ def test_a_calibrator_with_a_prior_weight_reads_the_priors_of_the_same_reads(dec
 
 
 def test_a_file_shipped_for_the_model_is_the_default_only_for_its_own_weights(decider, tokenizer, monkeypatch):
-    from typedlm.decide import decider as decider_module
+    from typedlm.decide import config as config_module
 
     calibrator = {"noul": {"weights": [0.5, 0, 0, 0, 0], "bias": 0.0}}
     data = {"order_reads": 3}
     shipped = CalibrationFile("tiny-qwen3", decider.fingerprint, PROMPT_VERSION, "contextual", {}, data, {}, calibrator)
-    monkeypatch.setattr(decider_module, "shipped_calibration", lambda name: shipped if name == "tiny-qwen3" else None)
+    monkeypatch.setattr(config_module, "shipped_calibration", lambda name: shipped if name == "tiny-qwen3" else None)
     model = decider.engine.model
     served = Decider(LoadedModel(model, tokenizer, "tiny-qwen3"))
     assert served.calibration == "fitted" and served.calibration_file is shipped
-    assert served.order_reads == 3, "the order reads the file was fitted with"
-    assert Decider(LoadedModel(model, tokenizer, "tiny-qwen3"), order_reads=1).order_reads == 1
+    assert served.config.order_reads == 3, "the order reads the file was fitted with"
+    assert Decider(LoadedModel(model, tokenizer, "tiny-qwen3"), order_reads=1).config.order_reads == 1
     assert served.decide(STATE, QUESTIONS).to_wire()["x_calibration"] == "fitted"
     assert Decider(LoadedModel(model, tokenizer, "tiny-qwen3"), calibration="raw").calibration_file is shipped
     assert Decider(LoadedModel(model, tokenizer, "another-name")).calibration == "contextual"
@@ -176,7 +177,7 @@ def test_a_file_shipped_for_the_model_is_the_default_only_for_its_own_weights(de
 
 def test_the_prompt_version_follows_the_calibration_file_and_a_file_of_another_is_refused(decider, tokenizer):
     model = decider.engine.model
-    assert decider.prompt_version == PROMPT_VERSION and decider.describe()["prompt_version"] == PROMPT_VERSION
+    assert decider.prompt_version == PROMPT_VERSION and decider.describe().prompt_version == PROMPT_VERSION
     other = Decider(LoadedModel(model, tokenizer, "tiny-qwen3"), calibration="raw", prompt_version="2-system")
     assert other.layout.version == "2-system" and other.layout.system_ids != decider.layout.system_ids
     # another wording is another prompt: the model reads other numbers

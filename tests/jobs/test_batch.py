@@ -210,11 +210,11 @@ def test_a_group_whose_forward_fails_is_answered_row_by_row(real_decider, tmp_pa
         def __getattr__(self, name):
             return getattr(self.decider, name)
 
-        def decide_prepared(self, items):
+        def launch_prepared(self, items):
             self.forwards.append(len(items))
             if len(items) > 2:
                 raise RuntimeError("CUDA out of memory")
-            return self.decider.decide_prepared(items)
+            return self.decider.launch_prepared(items)
 
     source = tmp_path / "rows.jsonl"
     more = [{"state": f"Order {i} arrived broken.", "questions": QUESTIONS} for i in range(3)]

@@ -127,7 +127,7 @@ def test_the_servers_app_answers_with_the_rules_probability(tokenizer):
 
 def test_the_fake_is_described_fingerprinted_and_limited_by_its_settings(tokenizer):
     decider = decider_on_fake(tokenizer, max_positions=64)
-    assert decider.describe()["context"] == "64" and decider.describe()["device"] == "cpu"
+    assert decider.describe().context == 64 and decider.describe().device == "cpu"
     assert decider.max_batch == 1, "one document per forward"
     with pytest.raises(LimitExceeded, match="at most 64"):
         decider.decide("word " * 100, {"q": NoulQuestion("Long?")})

@@ -238,7 +238,7 @@ def test_requests_batched_in_one_forward_equal_each_alone_in_bfloat16(family, at
     requests.append(requests[0])  # a document twice in one batch
     worst = {"same kernels": 0.0, "vs the other kernels alone": 0.0}
     for batch in (requests, requests[:2], requests[3:]):
-        together = decider.decide_prepared([decider.prepare_request(s, q) for s, q in batch])
+        together = decider.launch_prepared([decider.prepare_request(s, q) for s, q in batch])()
         for (state, questions), response in zip(batch, together, strict=True):
             for label, alone in (("same kernels", decider), ("vs the other kernels alone", other)):
                 answers = alone.decide(state, questions).answers

@@ -36,9 +36,10 @@ STATUSES: collections.Counter[str] = collections.Counter()
 def app(fake_lm_decider):  # one per test: a client's lifespan (schemathesis') stops the app's model worker
     # a 1024-token budget per request: generated bodies stay cheap (a few thousand tokens of nested JSON levels read
     # in 8 orders take long to tokenize); everything over it is a 413, which is what is tested
-    budget, fake_lm_decider.max_input_tokens = fake_lm_decider.max_input_tokens, 1024
+    preparer = fake_lm_decider.preparer
+    budget, preparer.max_input_tokens = preparer.max_input_tokens, 1024
     yield create_app(fake_lm_decider, ServerSettings(max_body_bytes=1 << 20))
-    fake_lm_decider.max_input_tokens = budget
+    preparer.max_input_tokens = budget
 
 
 def test_generated_requests_get_no_server_error_and_conform_to_the_schema(app):

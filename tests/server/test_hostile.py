@@ -44,7 +44,7 @@ def largest_admitted(decider: Decider) -> int:
     while lo < hi:
         mid = (lo + hi + 1) // 2
         try:
-            decider.prepare("The parcel never arrived.", parse_questions(many_questions(mid)["questions"]))
+            decider.preparer.prepare("The parcel never arrived.", parse_questions(many_questions(mid)["questions"]))
             lo = mid
         except LimitExceeded:
             hi = mid - 1

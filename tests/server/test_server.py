@@ -273,7 +273,7 @@ def test_health_and_metrics_count_the_real_prefix_cache(fake_lm_server_url, fake
 def test_the_openapi_document_states_what_a_request_may_cost_on_this_server(fake_lm_server_url, fake_lm_decider):
     description = httpx.get(fake_lm_server_url + "/openapi.json").json()["info"]["description"]
     assert "**Limits**" in description and f"body: {8 << 20} bytes" in description
-    reads, tokens = fake_lm_decider.max_reads, fake_lm_decider.max_request_tokens
+    reads, tokens = fake_lm_decider.preparer.max_reads, fake_lm_decider.preparer.max_request_tokens
     assert f"at most {reads} reads" in description and f"tokens: {tokens} per" in description
     assert "model's context (8192)" in description and "memory: 1024 MiB" in description
 

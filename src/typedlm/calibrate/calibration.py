@@ -28,7 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,11 +37,12 @@ import numpy as np
 
 from typedlm.core.confidence import normalise, raw_mass
 from typedlm.core.errors import ModelError
+from typedlm.core.names import CalibrationMethod, Kind
 from typedlm.core.questions import Question
 from typedlm.text.prompt import PROMPT_VERSION, question_block
 
-DEFAULT_CALIBRATION = "contextual"  # without a file: as good as raw or better on every held-out set (docs)
-# With a file (given, or shipped for the model: `shipped_calibration`) the default is "fitted".
+DEFAULT_CALIBRATION = CalibrationMethod.CONTEXTUAL  # without a file: as good as raw or better on every held-out set
+# (docs). With a file (given, or shipped for the model: `shipped_calibration`) the default is fitted.
 FORMAT = "typedlm-calibration/2"  # 2 added the feature calibrator; files of format 1 still load
 READABLE_FORMATS = ("typedlm-calibration/1", FORMAT)
 FLOOR = 1e-12  # probabilities are clipped here before logarithms
@@ -62,9 +63,21 @@ def normalised(masses: Sequence[float]) -> list[float]:
     return normalise(masses)[0]
 
 
-def contextual(masses: Sequence[float], prior: Sequence[float]) -> list[float]:
+def contextual(masses: Sequence[float], prior: Sequence[float] | None) -> list[float]:
     """Masses with the content-free label prior divided out, normalised."""
+    assert prior is not None, "contextual calibration needs the content-free prior"
     return normalised([p / max(q, FLOOR) for p, q in zip(normalised(masses), normalised(prior), strict=True)])
+
+
+def raw(masses: Sequence[float], prior: Sequence[float] | None = None) -> list[float]:
+    """Masses divided by their total; the prior is not read."""
+    return normalised(masses)
+
+
+# How one read's masses (and its content-free prior) become probabilities: a base method's arithmetic, or a fitted
+# file's on top of its base (`CalibrationFile.reader`). The calibrators hand theirs to `calibrate_reads`.
+ReadRule = Callable[[Sequence[float], Sequence[float] | None], list[float]]
+BASES: dict[CalibrationMethod, ReadRule] = {CalibrationMethod.RAW: raw, CalibrationMethod.CONTEXTUAL: contextual}
 
 
 def platt(probs: Sequence[float], a: float, b: float) -> list[float]:
@@ -121,14 +134,14 @@ def feature_scaled(
         ]
     else:
         logits = [math.log(max(p, FLOOR)) / math.exp(log_t) for p in probs]
-    if kind == "noul":
+    if kind == Kind.NOUL:
         logits[0] += params.get("bias", 0.0)
     top = max(logits)
     return normalised([math.exp(x - top) for x in logits])
 
 
 def _scaled(params: dict[str, Any], kind: str, probs: Sequence[float]) -> list[float]:
-    if kind == "noul":
+    if kind == Kind.NOUL:
         return platt(probs, params["a"], params["b"])
     return tempered(probs, params["temperature"], params.get("bias"))
 
@@ -140,7 +153,7 @@ class CalibrationFile:
     model: str
     fingerprint: str
     prompt_version: str
-    base: str  # "raw" or "contextual": the method the parameters apply on top of
+    base: CalibrationMethod  # raw or contextual: the method the parameters apply on top of
     params: dict[str, dict[str, float]]  # "noul": {"a", "b"}; "choice"/"score": {"temperature"}
     data: dict[str, Any] = field(default_factory=dict)  # which sets, split, seed, counts
     questions: dict[str, dict[str, Any]] = field(default_factory=dict)  # signature → {"kind", "n", params}
@@ -151,17 +164,24 @@ class CalibrationFile:
         parameters of the question's own."""
         return kind in self.calibrator and not (question and question in self.questions)
 
-    def base_of(self, kind: str) -> str:
+    def base_of(self, kind: str) -> CalibrationMethod:
         """The method an answer of `kind` is read by before its feature calibrator: the calibrator's own "base"
         where it has one (chosen per kind), else the file's."""
-        return self.calibrator.get(kind, {}).get("base", self.base)
+        return CalibrationMethod(self.calibrator.get(kind, {}).get("base", self.base))
+
+    def reader(self, kind: str, question: str | None = None) -> ReadRule:
+        """One read of an answer of `kind` calibrated by this file: its base method, then the question's own
+        parameters (`question`: its signature) where the file knows it, else its kind's (`apply`)."""
+        base = BASES[CalibrationMethod(self.base)]
+        return lambda masses, prior: self.apply(kind, base(masses, prior), question)
 
     @property
     def needs_prior(self) -> bool:
         """Whether any answer this file calibrates is read contextually or divides out a share of the content-free
         prior (so the content-free priors are needed)."""
         bases = {self.base, *(params.get("base", self.base) for params in self.calibrator.values())}
-        return "contextual" in bases or any(params.get("prior_weight") for params in self.calibrator.values())
+        weighed = any(params.get("prior_weight") for params in self.calibrator.values())
+        return CalibrationMethod.CONTEXTUAL in bases or weighed
 
     def calibrate(
         self,
@@ -222,14 +242,14 @@ class CalibrationFile:
             raise ModelError(f"cannot read calibration file {path}: {exc}") from exc
         if not isinstance(obj, dict) or obj.get("format") not in READABLE_FORMATS:
             raise ModelError(f"{path} is not a typedlm calibration file (format {FORMAT})")
-        if obj.get("base") not in ("raw", "contextual"):
+        if obj.get("base") not in BASES:
             raise ModelError(f"{path}: base must be raw or contextual")
         try:
             return cls(
                 obj["model"],
                 obj["fingerprint"],
                 obj["prompt_version"],
-                obj["base"],
+                CalibrationMethod(obj["base"]),
                 obj["params"],
                 obj.get("data", {}),
                 obj.get("questions", {}),
@@ -248,25 +268,6 @@ def shipped_calibration(model: str) -> CalibrationFile | None:
     return CalibrationFile.load(path) if path.is_file() else None
 
 
-def calibrate_read(
-    kind: str,
-    masses: Sequence[float],
-    method: str,
-    prior: Sequence[float] | None = None,
-    fitted: CalibrationFile | None = None,
-    question: str | None = None,
-) -> list[float]:
-    """One read's masses → probabilities by `method` (see the module docstring); `question` is its signature."""
-    if method == "raw":
-        return normalised(masses)
-    if method == "contextual":
-        assert prior is not None, "contextual calibration needs the content-free prior"
-        return contextual(masses, prior)
-    assert method == "fitted" and fitted is not None, f"unknown method {method} or no calibration file"
-    base = calibrate_read(kind, masses, fitted.base, prior)
-    return fitted.apply(kind, base, question)
-
-
 def per_token(masses: Sequence[float], lengths: Sequence[int]) -> list[float]:
     """Length-normalised masses: each label's mass to the power 1 / its token count (the geometric mean of its
     tokens' conditionals), so that a long option name is not penalised for its length alone."""
@@ -274,40 +275,32 @@ def per_token(masses: Sequence[float], lengths: Sequence[int]) -> list[float]:
 
 
 def calibrate_reads(
-    kind: str,
+    read: ReadRule,
     masses: Sequence[Sequence[float]],
     priors: Sequence[Sequence[float]] | None,
-    method: str,
-    fitted: CalibrationFile | None = None,
-    question: str | None = None,
     lengths: Sequence[int] | None = None,
 ) -> tuple[list[float], float, float, float]:
-    """Every read of one answer calibrated by `method`, then averaged: (probabilities, mean raw mass, stderr of the
-    chosen answer's probability, share of reads agreeing on it). One read is its own calibration (0.0, 1.0).
-    With `lengths` (each answer's label length in tokens) the probabilities come from length-normalised masses
-    (`per_token`); the raw mass is the masses' own total either way."""
+    """Every read of one answer calibrated by `read` (a calibrator's rule, `ReadRule`), then averaged:
+    (probabilities, mean raw mass, stderr of the chosen answer's probability, share of reads agreeing on it). One
+    read is its own calibration (0.0, 1.0). With `lengths` (each answer's label length in tokens) the probabilities
+    come from length-normalised masses (`per_token`); the raw mass is the masses' own total either way."""
     if lengths is not None:
         probs, _, stderr, agreement = calibrate_reads(
-            kind,
-            [per_token(m, lengths) for m in masses],
-            priors and [per_token(p, lengths) for p in priors],
-            method,
-            fitted,
-            question,
+            read, [per_token(m, lengths) for m in masses], priors and [per_token(p, lengths) for p in priors]
         )
         return probs, sum(map(raw_mass, masses)) / len(masses), stderr, agreement
     priors = priors or [None] * len(masses)
     if len(masses) == 1:  # every noul question, and the default: no averaging
-        return calibrate_read(kind, masses[0], method, priors[0], fitted, question), raw_mass(masses[0]), 0.0, 1.0
-    each = [calibrate_read(kind, m, method, p, fitted, question) for m, p in zip(masses, priors, strict=True)]
+        return read(masses[0], priors[0]), raw_mass(masses[0]), 0.0, 1.0
+    each = [read(m, p) for m, p in zip(masses, priors, strict=True)]
     probs, stderr, agreement = combine(each)
     return probs, sum(map(raw_mass, masses)) / len(masses), stderr, agreement
 
 
-def combined_prior(kind: str, priors: Sequence[Sequence[float]], lengths: Sequence[int] | None = None) -> list[float]:
+def combined_prior(priors: Sequence[Sequence[float]], lengths: Sequence[int] | None = None) -> list[float]:
     """The content-free prior of an answer's reads, combined as its raw base probabilities are (`calibrate_reads`:
     each read normalised, length-normalised first with `lengths`, then averaged)."""
-    return calibrate_reads(kind, priors, None, "raw", lengths=lengths)[0]
+    return calibrate_reads(raw, priors, None, lengths)[0]
 
 
 def combine(reads: Sequence[Sequence[float]]) -> tuple[list[float], float, float]:

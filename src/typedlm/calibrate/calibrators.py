@@ -1,11 +1,11 @@
 """Calibrators: one object per calibration method, each turning a question's reads into its answer.
 
-    calibrator = decider.calibrator("fitted")     # resolved once, where the decider's options are
     answer = calibrator.answer(question, reads)   # every read calibrated, then averaged, then typed
 
-Every calibrator has the same small interface (`Calibrator`): its wire name (`method`, what `x_calibration`
-says), whether it needs the content-free priors of the reads (`needs_prior`), and `answer`. The arithmetic is
-`typedlm.calibrate.calibration`'s; this module decides which of it an answer goes through:
+Every calibrator has the same small interface (`Calibrator`): its method (`method`, what `x_calibration` says of it),
+whether it needs the content-free priors of the reads (`needs_prior`), `answer`, and `reported` (the method a
+response's answers were in fact given by). Each owns its arithmetic, from `typedlm.calibrate.calibration`; nothing
+switches on a method's name:
 
 - `RawCalibrator`: masses divided by their total;
 - `ContextualCalibrator`: the content-free label prior divided out. It owns the priors: a byte-bounded cache
@@ -14,18 +14,29 @@ says), whether it needs the content-free priors of the reads (`needs_prior`), an
 - `FittedCalibrator`: a `CalibrationFile` on top of its base method, per question where the file knows the
   question, else per kind, or its feature calibrator.
 
-The calibrators learned from users' gold answers build on these (`typedlm.calibrate.feedback`).
+The calibrator learned from users' gold answers builds on these (`typedlm.calibrate.feedback`); the set a decider
+offers, resolved once from its options, is `typedlm.calibrate.methods.Calibrators`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
-from typedlm.calibrate.calibration import CalibrationFile, calibrate_reads, combined_prior, signature
+from typedlm.calibrate.calibration import (
+    BASES,
+    CalibrationFile,
+    ReadRule,
+    calibrate_reads,
+    combined_prior,
+    contextual,
+    raw,
+    signature,
+)
 from typedlm.calibrate.reads import Reads
 from typedlm.core.answers import Answer
 from typedlm.core.bounded import BoundedCache, ids_bytes, text_bytes
+from typedlm.core.names import CalibrationMethod
 from typedlm.core.questions import Question
 
 PRIOR_CACHE_BYTES = 16 << 20  # content-free masses remembered, per suffix text
@@ -34,11 +45,15 @@ PRIOR_CACHE_BYTES = 16 << 20  # content-free masses remembered, per suffix text
 class Calibrator(Protocol):
     """What every calibration method offers the decider."""
 
-    method: str  # its name on the wire: what `x_calibration` says
+    method: CalibrationMethod  # its name on the wire: what `x_calibration` says
     needs_prior: bool  # whether `answer` reads the reads' content-free priors (`Reads.priors`)
 
     def answer(self, question: Question, reads: Reads) -> Answer:
         """The question's answer from its reads (each in the question's own option order)."""
+        ...
+
+    def reported(self, answers: Iterable[Answer]) -> CalibrationMethod:
+        """The method these answers (of one response) were given by: `method`, or a method it stood back for."""
         ...
 
 
@@ -51,8 +66,9 @@ class RawCalibrator:
     """Each read's masses divided by their total, then the reads averaged. `length_normalised`: choices read by
     name are length-normalised first (`calibration.per_token`)."""
 
-    method = "raw"
+    method = CalibrationMethod.RAW
     needs_prior = False
+    rule: ReadRule = staticmethod(raw)  # one read's arithmetic
 
     def __init__(self, length_normalised: bool = False):
         self.length_normalised = length_normalised
@@ -62,10 +78,11 @@ class RawCalibrator:
         return reads.lengths if self.length_normalised else None
 
     def answer(self, question: Question, reads: Reads) -> Answer:
-        probs, mass, stderr, agreement = calibrate_reads(
-            reads.kind, reads.masses, reads.priors, self.method, lengths=self.lengths(reads)
-        )
+        probs, mass, stderr, agreement = calibrate_reads(self.rule, reads.masses, reads.priors, self.lengths(reads))
         return question.answer(probs, mass, _extras(reads, stderr, agreement))
+
+    def reported(self, answers: Iterable[Answer]) -> CalibrationMethod:
+        return self.method
 
 
 class ContextualCalibrator(RawCalibrator):
@@ -75,8 +92,9 @@ class ContextualCalibrator(RawCalibrator):
     `priors(versions, texts)` serves them from this calibrator's cache, keyed by each version's suffix text (the
     content-free prompt is the same for the same suffix text), and reads only the missing ones."""
 
-    method = "contextual"
+    method = CalibrationMethod.CONTEXTUAL
     needs_prior = True
+    rule: ReadRule = staticmethod(contextual)
 
     def __init__(
         self,
@@ -100,36 +118,34 @@ class ContextualCalibrator(RawCalibrator):
         return [found[text] for text in texts]
 
 
-class FittedCalibrator:
+class FittedCalibrator(RawCalibrator):
     """A calibration file fitted for this model (`CalibrationFile`), applied on top of its base method.
 
     A question the file knows by its signature (`prompt_version`'s words) gets its own parameters; else an answer
     of a kind the file has a feature calibrator for goes through it (its reads combined by the calibrator's base),
     else its kind's parameters."""
 
-    method = "fitted"
+    method = CalibrationMethod.FITTED
 
     def __init__(self, file: CalibrationFile, prompt_version: str, length_normalised: bool = False):
+        super().__init__(length_normalised)
         self.file = file
         self.prompt_version = prompt_version
-        self.length_normalised = length_normalised
 
     @property
     def needs_prior(self) -> bool:
         return self.file.needs_prior
 
     def answer(self, question: Question, reads: Reads) -> Answer:
-        file = self.file
+        file, kind = self.file, reads.kind
         key = signature(question, self.prompt_version) if file.questions else None
         # a file's feature calibrator reads the combined reads: each read is then calibrated by its base only
-        calibrator = file.uses_calibrator(reads.kind, key)
-        read_method = file.base_of(reads.kind) if calibrator else self.method
-        lengths = reads.lengths if self.length_normalised else None
-        probs, mass, stderr, agreement = calibrate_reads(
-            reads.kind, reads.masses, reads.priors, read_method, file, key, lengths
-        )
+        calibrator = file.uses_calibrator(kind, key)
+        rule = BASES[file.base_of(kind)] if calibrator else file.reader(kind, key)
+        lengths = self.lengths(reads)
+        probs, mass, stderr, agreement = calibrate_reads(rule, reads.masses, reads.priors, lengths)
         if calibrator:
-            weighs_prior = file.calibrator[reads.kind].get("prior_weight")  # else the prior is not needed
-            prior = combined_prior(reads.kind, reads.priors, lengths) if weighs_prior and reads.priors else None
-            probs = file.calibrate(reads.kind, probs, mass, 1.0 - agreement, prior)
+            weighs_prior = file.calibrator[kind].get("prior_weight")  # else the prior is not needed
+            prior = combined_prior(reads.priors, lengths) if weighs_prior and reads.priors else None
+            probs = file.calibrate(kind, probs, mass, 1.0 - agreement, prior)
         return question.answer(probs, mass, _extras(reads, stderr, agreement))

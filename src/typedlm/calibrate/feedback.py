@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -31,6 +31,7 @@ from typedlm.calibrate.reads import Reads
 from typedlm.calibrate.reliability import ece, floor_eces, reliability
 from typedlm.core.answers import Answer
 from typedlm.core.errors import InvalidRequest, StoreError
+from typedlm.core.names import CalibrationMethod
 from typedlm.core.questions import Question, parse_question, question_to_wire
 from typedlm.store.feedback import FeedbackStore
 from typedlm.store.labels import Label
@@ -59,7 +60,7 @@ def disagreement(answer: Answer) -> float:
 class FeedbackCalibrator:
     """`base` with the learned calibration of each question on top (see the module)."""
 
-    method = "feedback"
+    method = CalibrationMethod.FEEDBACK
 
     def __init__(self, base: Calibrator, learner: Learner, prompt_version: str):
         self.base = base
@@ -86,6 +87,10 @@ class FeedbackCalibrator:
         if used is None:
             return base
         return question.answer(probs, base.raw_mass, {**base.extras, "feedback": used.to_wire()})
+
+    def reported(self, answers: Iterable[Answer]) -> CalibrationMethod:
+        """Feedback where any answer used what was learned; else every answer is the base's, and says so."""
+        return self.method if any("feedback" in answer.extras for answer in answers) else self.base.method
 
     def in_force(self, question: Question) -> dict[str, Any]:
         """The most specific level with labels for `question`, and their count ("default", 0: none)."""

@@ -309,9 +309,9 @@ def load_served_decider(options: ServeOptions):
     decider = Decider.load(**options.decider_options())
     about = decider.describe()
     print(
-        f"typedlm: loaded {about['model']} in {time.perf_counter() - started:.1f} s: {about['device']}, "
-        f"{about['dtype']}, context {about['context']} tokens, calibration {about['calibration']} "
-        f"(order reads {about['order_reads']}), fingerprint {about['fingerprint']}",
+        f"typedlm: loaded {about.model} in {time.perf_counter() - started:.1f} s: {about.device}, "
+        f"{about.dtype}, context {about.context or 'unknown'} tokens, calibration {about.calibration} "
+        f"(order reads {about.order_reads}), fingerprint {about.fingerprint}",
         file=sys.stderr,
     )
     for line in decider.features.summary():

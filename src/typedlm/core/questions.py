@@ -16,13 +16,14 @@ from typing import Any, ClassVar
 from typedlm.core.answers import ChoiceAnswer, NoulAnswer, ScoreAnswer, Text
 from typedlm.core.confidence import choice_confidence, score_confidence
 from typedlm.core.errors import InvalidRequest
+from typedlm.core.names import CalibrationMethod, Kind
 
 MIN_OPTIONS = 2
 MAX_OPTIONS = 255
 MIN_LEVELS = 2
 MAX_LEVELS = 10
-QUESTION_TYPES = ("noul", "choice", "score")  # the `kind` of each question class below
-CALIBRATION_METHODS = ("raw", "contextual", "fitted", "feedback")  # see typedlm.calibrate.calibrators
+QUESTION_TYPES = tuple(Kind)  # the `kind` of each question class below
+CALIBRATION_METHODS = tuple(CalibrationMethod)  # see typedlm.calibrate.calibrators
 MAX_ORDER_READS = 8  # option orders read per choice/score question (x_order_reads)
 MAX_FEEDBACK_ID_CHARS = 200  # x_feedback_id: a client's idempotency id for a feedback post
 MAX_CHARS_PER_TOKEN = 32  # no tokenizer packs more text than this into one token of real text: text longer than
@@ -47,7 +48,7 @@ class NoulQuestion:
     true: Text | None = None
     false: Text | None = None
 
-    kind: ClassVar[str] = "noul"
+    kind: ClassVar[Kind] = Kind.NOUL
     size: ClassVar[int] = 2
     reorderable: ClassVar[bool] = False  # the prompt asks "yes or no"
 
@@ -74,7 +75,7 @@ class ChoiceQuestion:
     instructions: Text | None = None
     by_name: bool = False
 
-    kind: ClassVar[str] = "choice"
+    kind: ClassVar[Kind] = Kind.CHOICE
     reorderable: ClassVar[bool] = True
 
     @property
@@ -106,7 +107,7 @@ class ScoreQuestion:
     levels: tuple[Text, ...]
     instructions: Text | None = None
 
-    kind: ClassVar[str] = "score"
+    kind: ClassVar[Kind] = Kind.SCORE
     reorderable: ClassVar[bool] = True
 
     @property
@@ -139,7 +140,7 @@ class Request:
     state: Text
     questions: dict[str, Question]
     model: str | None = None
-    calibration: str | None = None  # x_calibration; None: the server's default
+    calibration: CalibrationMethod | None = None  # x_calibration; None: the server's default
     order_reads: int | None = None  # x_order_reads; None: the server's default
 
 
@@ -263,12 +264,13 @@ def parse_request(body: Any) -> Request:
         isinstance(order_reads, bool) or not isinstance(order_reads, int) or not 1 <= order_reads <= MAX_ORDER_READS
     ):
         raise InvalidRequest(f"x_order_reads must be an integer from 1 to {MAX_ORDER_READS}", ("x_order_reads",))
-    return Request(parse_state(body.get("state")), parse_questions(body["questions"]), model, calibration, order_reads)
+    method = CalibrationMethod(calibration) if calibration is not None else None
+    return Request(parse_state(body.get("state")), parse_questions(body["questions"]), model, method, order_reads)
 
 
 def question_to_wire(question: Question) -> dict[str, Any]:
     """A question as a request would send it (`parse_question` reads it back as an equal question)."""
-    wire: dict[str, Any] = {"type": question.kind}
+    wire: dict[str, Any] = {"type": question.kind.value}
     if question.instructions is not None:
         wire["instructions"] = question.instructions
     if isinstance(question, NoulQuestion):

@@ -18,7 +18,7 @@ as that route answers, and its labels are stored and learned once its group of r
 it use them. Without a database such a row is an error record (422 naming `gold`).
 
 Rows are prepared one by one (`Decider.prepare_request`: their errors are their own) and answered in groups of up
-to `Decider.max_batch` by one forward each (`decide_prepared`), as the server batches.
+to `Decider.max_batch` by one forward each (`launch_prepared`), as the server batches.
 """
 
 from __future__ import annotations
@@ -121,11 +121,11 @@ def _decide_group(decider, group: list) -> list:
     """One forward's answers for a group of prepared rows; if that forward fails, each row by a forward of its own
     (a group too large for the device's memory still gets answered; a row that fails alone stops the job)."""
     try:
-        return decider.decide_prepared(group)
+        return decider.launch_prepared(group)()
     except Exception:
         if len(group) == 1:
             raise
-        return [response for item in group for response in decider.decide_prepared([item])]
+        return [response for item in group for response in decider.launch_prepared([item])()]
 
 
 def answer_rows(

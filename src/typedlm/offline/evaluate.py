@@ -54,18 +54,18 @@ class LocalBackend:
         self.name = decider.name
         self.fitted = dict(fitted or {})
         for file in self.fitted.values():
-            decider.check_calibration(file)
+            file.check(decider.fingerprint, decider.prompt_version)
 
     def answers(self, example: Example, methods: Sequence[str], order_reads: int) -> dict[str, WireAnswers]:
         questions = parse_questions(example.questions)
-        contextual = any(self.decider.needs_prior(m) for m in methods)
-        contextual |= any(file.needs_prior for file in self.fitted.values())
+        calibrators = {m: self.decider.calibrators.get(m) for m in methods}
+        calibrators |= {label: self.decider.calibrators.fitted(file) for label, file in self.fitted.items()}
+        contextual = any(calibrator.needs_prior for calibrator in calibrators.values())
         reads = self.decider.read(parse_state(example.state), questions, order_reads, contextual).reads
-        answer = self.decider.answer
-        rows = {m: {q: answer(questions[q], reads[q], m).to_wire() for q in questions} for m in methods}
-        for label, file in self.fitted.items():
-            rows[label] = {q: answer(questions[q], reads[q], "fitted", file).to_wire() for q in questions}
-        return rows
+        return {
+            row: {q: calibrator.answer(questions[q], reads[q]).to_wire() for q in questions}
+            for row, calibrator in calibrators.items()
+        }
 
 
 class HttpBackend:

@@ -14,11 +14,11 @@ from typing import Any
 import numpy as np
 
 from typedlm.calibrate.calibration import (
+    BASES,
     CALIBRATOR_FEATURES,
     FLOOR,
     LOG_T_BOUNDS,
     CalibrationFile,
-    calibrate_read,
     calibrator_features,
     signature,
     tempered,
@@ -105,7 +105,7 @@ def fit_calibrations(
         for qid, question in questions.items():
             r = reading.reads[qid]
             prior = r.priors[0] if r.priors else None
-            by_base = {base: calibrate_read(r.kind, r.masses[0], base, prior) for base in bases}
+            by_base = {base: BASES[base](r.masses[0], prior) for base in bases}
             rows.append(
                 (r.kind, signature(question, decider.prompt_version), by_base, question.gold_index(example.gold[qid]))
             )

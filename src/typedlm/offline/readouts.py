@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO
 
-from typedlm.calibrate.calibration import calibrate_reads, combined_prior, signature
+from typedlm.calibrate.calibration import BASES, calibrate_reads, combined_prior, signature
 from typedlm.core.questions import parse_questions, parse_state
 from typedlm.offline.evaldata import Example
 
@@ -44,15 +44,13 @@ class Readout:
         first `reads` reads (all: None), computed as the decider computes them: each read calibrated, then averaged;
         the raw mass averaged; disagreement = the share of reads whose top answer is not the combined one."""
         lengths = self.lengths if self.length_normalised else None
-        probs, mass, _, agreement = calibrate_reads(
-            self.kind, self.masses[:reads], self.priors[:reads], method, lengths=lengths
-        )
+        probs, mass, _, agreement = calibrate_reads(BASES[method], self.masses[:reads], self.priors[:reads], lengths)
         return probs, mass, 1.0 - agreement
 
     def prior(self, reads: int | None = None) -> list[float]:
         """The content-free prior of this answer's first `reads` reads, combined as the decider combines them for a
         calibrator's prior weight (`calibration.combined_prior`)."""
-        return combined_prior(self.kind, self.priors[:reads], self.lengths if self.length_normalised else None)
+        return combined_prior(self.priors[:reads], self.lengths if self.length_normalised else None)
 
 
 def record(

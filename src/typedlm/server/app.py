@@ -14,7 +14,6 @@ observed once (`metrics`): its route, status, time, tokens and questions, for th
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -22,6 +21,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from fastapi.staticfiles import StaticFiles
 
+from typedlm.core.description import ModelDescription
 from typedlm.core.questions import (
     MAX_CHARS_PER_TOKEN,
     MAX_LEVELS,
@@ -42,21 +42,21 @@ from typedlm.serving.settings import ServerSettings
 VERSION = "0.1.0"
 
 
-def limits(settings: ServerSettings, about: Mapping[str, str]) -> str:
+def limits(settings: ServerSettings, about: ModelDescription) -> str:
     """What a request may cost on this server, as the OpenAPI document's description lists it (Markdown)."""
-    context = about.get("context", "unknown")
-    tokens = about.get("max_request_tokens", context)
+    context = about.context or "unknown"
+    tokens = about.max_request_tokens or context
     lines = [
         "**Limits** (each checked before the work it bounds; over one: 413 naming it, 422 for what is malformed):",
         f"- body: {settings.max_body_bytes} bytes, after decompression too; JSON nested at most {MAX_JSON_DEPTH} deep",
         f"- a choice: {MIN_OPTIONS}-{MAX_OPTIONS} options; a score: {MIN_LEVELS}-{MAX_LEVELS} levels; "
         f"x_order_reads: 1-{MAX_ORDER_READS}",
-        f"- questions: at most {about.get('max_reads', tokens)} reads (a question, or each of its order reads)",
+        f"- questions: at most {about.max_reads or tokens} reads (a question, or each of its order reads)",
         f"- tokens: {tokens} per request; each question with the document within the model's context ({context})",
         f"- text: {MAX_CHARS_PER_TOKEN} characters per token of those limits, checked before tokenizing",
     ]
-    if "max_forward_mb" in about:
-        lines.append(f"- memory: {about['max_forward_mb']} MiB for a request's forward, estimated from its shape")
+    if about.max_forward_mb is not None:
+        lines.append(f"- memory: {about.max_forward_mb} MiB for a request's forward, estimated from its shape")
     lines.append(
         f"- queue: {settings.max_queue} requests running or waiting (then 503 + Retry-After); "
         f"time: {settings.request_timeout_s:g} s (then 504)"

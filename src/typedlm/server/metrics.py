@@ -40,6 +40,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, Info, Proce
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from typedlm.core.description import ModelDescription
+
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # requests per forward
 # counters; the rest are sizes
@@ -125,7 +127,7 @@ def _labelled(prefix: str, label: str, members: Mapping[str, Mapping[str, float]
 class ServerMetrics:
     def __init__(
         self,
-        model: Mapping[str, str],
+        model: ModelDescription,
         pending: Callable[[], int],
         stats: Callable[[], Mapping[str, Mapping[str, float]]],
     ):
@@ -162,7 +164,7 @@ class ServerMetrics:
             "typedlm_cached_tokens", "Prompt tokens served from the prefix cache", registry=registry
         )
         self.questions = Counter("typedlm_questions", "Questions answered, by type", ["type"], registry=registry)
-        Info("typedlm_model", "The served model", registry=registry).info(dict(model))
+        Info("typedlm_model", "The served model", registry=registry).info(model.labels())
         registry.register(_Live(pending, stats))
         ProcessCollector(registry=registry)  # this process's memory: with a model process, the model's is apart
 

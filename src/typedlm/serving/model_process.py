@@ -46,6 +46,7 @@ from typing import Any
 
 from typedlm.core.answers import Response
 from typedlm.core.bounded import resident_bytes
+from typedlm.core.description import ModelDescription
 from typedlm.core.errors import ModelError
 from typedlm.core.questions import FeedbackRequest, Question, Text
 from typedlm.serving.heap import MODEL_MMAP_THRESHOLD_BYTES, freeze_start_up_objects, return_freed_memory
@@ -109,7 +110,7 @@ class ModelProcess:
     def pid(self) -> int | None:
         return self._process.pid
 
-    def describe(self) -> dict[str, str]:
+    def describe(self) -> ModelDescription:
         return self._description
 
     def stats(self) -> Stats:

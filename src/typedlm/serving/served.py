@@ -17,6 +17,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol, runtime_checkable
 
 from typedlm.core.answers import Response
+from typedlm.core.description import ModelDescription
 from typedlm.core.questions import FeedbackRequest, Question, Text
 from typedlm.serving.settings import ServerSettings
 from typedlm.serving.worker import ModelWorker
@@ -33,7 +34,7 @@ class DeciderLike(Protocol):
     name: str
     max_batch: int
 
-    def describe(self) -> dict[str, str]: ...
+    def describe(self) -> ModelDescription: ...
 
     def prepare_request(
         self,
@@ -67,7 +68,7 @@ class ServedModel(Protocol):
     @property
     def pending(self) -> int: ...
 
-    def describe(self) -> dict[str, str]: ...
+    def describe(self) -> ModelDescription: ...
 
     def stats(self) -> Stats: ...
 
@@ -116,7 +117,7 @@ class InProcessModel:
     def on_batch(self, callback: Callable[[int, int], None] | None) -> None:
         self.worker.on_batch = callback
 
-    def describe(self) -> dict[str, str]:
+    def describe(self) -> ModelDescription:
         return self.decider.describe()
 
     def stats(self) -> Stats:

@@ -51,7 +51,7 @@ def router(served: ServedModel, settings: ServerSettings) -> APIRouter:
         return JSONResponse(response.to_wire())
 
     def check_feedback() -> None:
-        if served.describe().get("feedback_db", "none") == "none":
+        if not served.describe().keeps_feedback:
             raise APIError(
                 404, "feedback_off", "this server keeps no feedback: start it with --feedback-db PATH to learn from it"
             )
