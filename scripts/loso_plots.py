@@ -1,5 +1,6 @@
-"""Reliability diagrams of a leave-one-set-out report (scripts/calibration_loso.py --out): every set's held-out
-answers pooled, raw beside the default (each set through the calibrator fitted without it).
+"""Reliability diagrams of a leave-one-set-out report (`typedlm.offline.shipped`'s --out, written by
+scripts/calibration_loso.py): every set's held-out answers pooled, raw beside the default (each set through the
+calibrator fitted without it).
 
     python scripts/loso_plots.py docs/results/loso-qwen2.5-coder-1.5b.json --readouts eval/readouts/qwen1.5b \
         --out docs/results/loso-qwen2.5-coder-1.5b
@@ -32,10 +33,10 @@ def _as_answered(readouts: list, report: dict, args: argparse.Namespace, name: s
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("report", help="the JSON report of scripts/calibration_loso.py")
+    parser.add_argument("report", help="the JSON report of typedlm.offline.shipped")
     parser.add_argument("--readouts", required=True, help="the readouts folder the report was made from")
     parser.add_argument("--out", required=True, help="path prefix of the PNGs (-raw.png, -default.png)")
-    parser.add_argument("--name-readouts", default=None, help="the choice readouts by name (calibration_loso.py's)")
+    parser.add_argument("--name-readouts", default=None, help="the choice readouts by name (offline.shipped's)")
     args = parser.parse_args()
     report = json.loads(Path(args.report).read_text(encoding="utf-8"))
     reads = report.get("reads", 1)

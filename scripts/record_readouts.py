@@ -14,11 +14,11 @@
         --device cuda --workers 14 [--prompt-versions 1 2-system 2-question]
 
    Readouts go to OUT/VERSION-letters/SET.SPLIT.jsonl and OUT/VERSION-names/SET.SPLIT.jsonl, the folders that
-   `calibration_loso.py --readouts` and `--name-readouts` read (3 order reads, as it records them).
+   `typedlm.offline.shipped`'s `--readouts` and `--name-readouts` read (3 order reads, as it records them).
 
 With `export --coherence`, two more folders are written beside the samples, each recorded the same way
 (`record --examples OUT/negations`, then `OUT/coherence`): the train splits' yes/no questions with their
-negations (what `calibration_loso.py --coherence-readouts` reads), and the held-out splits' coherence questions
+negations (what `offline.shipped`'s `--coherence-readouts` reads), and the held-out splits' coherence questions
 (`coherence.py --readouts`; its 100 examples per set).
 """
 
@@ -31,7 +31,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-ORDER_READS = 3  # as calibration_loso.py records them
+ORDER_READS = 3  # as typedlm.offline.shipped records them
 COHERENCE_LIMIT = 100  # held-out examples per set of coherence.py's questions (its default)
 
 
@@ -43,7 +43,7 @@ def export(args: argparse.Namespace) -> None:
     for name in args.sets:
         limits = {"train": args.train_limit, "held_out": args.held_out_limit}
         files = {f"{name}.{split}.jsonl": load_examples(name, split, limits[split], 0) for split in limits}
-        if args.coherence:  # named so that `record` writes them where calibration_loso.py and coherence.py look
+        if args.coherence:  # named so that `record` writes them where offline.shipped and coherence.py look
             files[f"negations/{name}.train.jsonl"] = negations(files[f"{name}.train.jsonl"])
             files[f"coherence/{name}.coherence.jsonl"] = derive(load_examples(name, "held_out", COHERENCE_LIMIT, 0))
         for path, examples in files.items():

@@ -3,7 +3,7 @@ default has never seen, leave-one-set-out, with no model run.
 
 For each labeled set S, as a new user's task:
 1. the default: the shipped file's variant (`ShippedVariant`, its base and features per kind) fitted on every other
-   set's train split, as `calibration_loso.py` fits it; what the user gets before any label (K = 0);
+   set's train split, as `offline.shipped` fits it; what the user gets before any label (K = 0);
 2. the user's stream: S's train answers in a seeded random order (traffic does not arrive sorted by class); the
    first K are posted as feedback (`typedlm.calibrate.learning.Learner`, the server's own learner, on the default's
    probabilities, keyed by the question as the server keys it);
