@@ -6,7 +6,7 @@
 A serving process holds about 400,000 Python objects from start-up (torch, transformers, the model, the
 tokenizer), and CPython's full (generation 2) collection walks every one, holding the interpreter lock: no thread
 tokenizes, launches a forward or answers meanwhile. `typedlm serve` freezes what start-up made
-(`serving.heap.freeze_start_up_objects`); this measures what that changes. The host work of serving runs as fast
+(`hosting.heap.freeze_start_up_objects`); this measures what that changes. The host work of serving runs as fast
 as it can: --documents new documents of P ≈ --prefix-tokens tokens per forward, --questions yes/no questions
 each, prepared and answered by the decider on its static path with the forward replaced by a constant output of
 its size (`request_steps --no-forward`), so the collector sees a fast GPU server's allocations. Settings
@@ -41,7 +41,7 @@ from benchmarks.harness import (
 from benchmarks.request_steps import without_forward
 from typedlm.core.options import EngineOptions
 from typedlm.decide.decider import Decider
-from typedlm.serving.heap import freeze_start_up_objects
+from typedlm.hosting.heap import freeze_start_up_objects
 
 
 class FullCollections:

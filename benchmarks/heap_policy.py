@@ -1,4 +1,4 @@
-"""How a serving process gives memory back, and what each way costs a CPU forward (`typedlm.serving.heap`).
+"""How a serving process gives memory back, and what each way costs a CPU forward (`typedlm.hosting.heap`).
 
     python -m benchmarks.heap_policy                       # the embedded model
     python -m benchmarks.heap_policy --model DIR --requests 40
@@ -45,7 +45,7 @@ def _serve(policy: str, model: str | None, conn) -> None:
     import psutil
 
     from typedlm.decide.decider import Decider
-    from typedlm.serving.heap import return_freed_memory, trim_freed_memory
+    from typedlm.hosting.heap import return_freed_memory, trim_freed_memory
 
     threshold, trims = POLICIES[policy]
     if threshold is not None:

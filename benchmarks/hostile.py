@@ -40,7 +40,7 @@ from benchmarks.harness import add_output_arguments, output_path, served, table_
 from typedlm.core.errors import LimitExceeded
 from typedlm.core.questions import parse_request
 from typedlm.decide.decider import Decider
-from typedlm.serving.heap import IDLE_TRIM_S
+from typedlm.hosting.heap import IDLE_TRIM_S
 
 NAME_CHARS = 30_000
 WORDS = [

@@ -23,10 +23,10 @@ import statistics
 import psutil
 
 from benchmarks.harness import ClientProcesses, make_questions, served_app, tiny_qwen3, wire
+from typedlm.core.settings import ServerSettings
 from typedlm.decide.decider import Decider
 from typedlm.runtime.models import load_model
 from typedlm.server import create_app
-from typedlm.serving.settings import ServerSettings
 
 
 def cpu_by_thread() -> dict[int, float]:

@@ -1,4 +1,4 @@
-"""What a second thread's OpenMP workers cost the model thread's forwards on a CPU (`serving.threads`).
+"""What a second thread's OpenMP workers cost the model thread's forwards on a CPU (`hosting.threads`).
 
     python -m benchmarks.thread_teams                      # a tiny random Qwen3, cached document, Q = 32
     python -m benchmarks.thread_teams --model DIR --questions 4

@@ -4,7 +4,7 @@ Workloads: a long document (P ≈ 1266 tokens) with Q = 1, 4, 32 yes/no question
 For each, C = 1, 8, 32, 128 clients send requests back to back (every request a document never seen before; the
 prefix cache is off), through one of four paths:
 
-  in_process   the server's own model worker (`serving.worker.ModelWorker`), no HTTP: prepare on the host thread,
+  in_process   the server's own model worker (`hosting.worker.ModelWorker`), no HTTP: prepare on the host thread,
                waiting requests answered together by one forward (batching on) or one forward each (off, and
                one forward in flight at a time: the worker before batching); --pipeline gives the forwards in
                flight of the batching rows (2, the server's: the next launched while the last is finished; 1:
@@ -42,7 +42,7 @@ and through a model process as of its last forward) are the shares of the cell t
 a slot (every forward allowed in flight: the device, or the answers, set the pace) and for a request with a slot
 free (the clients, or the threads preparing requests, set it): `ModelWorker.stats`. As `typedlm serve`'s
 processes do, this one freezes start-up's objects out of the garbage collector's full walks before measuring
-(`serving/heap.py`, `gc_pauses.py`; --no-gc-freeze leaves them in).
+(`hosting/heap.py`, `gc_pauses.py`; --no-gc-freeze leaves them in).
 
 What a cell's measured rate costs (`cost_per_million`), per million documents and per million questions: on CUDA,
 `gpu_s_per_m_docs` and `gpu_s_per_m_questions` are the device-seconds of one GPU serving at the cell's rate
@@ -96,9 +96,9 @@ from benchmarks.throughput_cells import (
 )
 from typedlm.core.questions import parse_request
 from typedlm.decide.decider import Decider
-from typedlm.serving.heap import freeze_start_up_objects
-from typedlm.serving.threads import on_passing_thread
-from typedlm.serving.worker import GATHER_GAP_S, HOST_THREADS, PIPELINE_DEPTH
+from typedlm.hosting.heap import freeze_start_up_objects
+from typedlm.hosting.threads import on_passing_thread
+from typedlm.hosting.worker import GATHER_GAP_S, HOST_THREADS, PIPELINE_DEPTH
 
 PATHS = ("in_process", "model_process", "http", "http_model_process")
 WORKLOADS = {"long": (1266, (1, 4, 32)), "short": (200, (4,))}  # name → (prefix tokens, question counts)
@@ -296,7 +296,7 @@ def main() -> None:
 
     def load() -> tuple:
         """The model and its deciders, loaded as the server loads them: on a thread that ends, so that on a CPU only
-        the model thread keeps OpenMP workers (`serving.threads`)."""
+        the model thread keeps OpenMP workers (`hosting.threads`)."""
         loaded, dtype = load_benchmark_model(args)
         return loaded, dtype, {attention: attention_decider(loaded, attention) for attention in args.attention}
 

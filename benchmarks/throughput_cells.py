@@ -25,10 +25,10 @@ import torch
 
 from benchmarks.harness import ClientProcesses, Documents, load_benchmark_model, served_app
 from typedlm.core.options import EngineOptions
+from typedlm.core.settings import ServerSettings
 from typedlm.decide.decider import Decider
-from typedlm.serving.model_process import ModelProcess
-from typedlm.serving.settings import ServerSettings
-from typedlm.serving.worker import GATHER_GAP_S, HOST_THREADS, PIPELINE_DEPTH, ModelWorker
+from typedlm.hosting.model_process import ModelProcess
+from typedlm.hosting.worker import GATHER_GAP_S, HOST_THREADS, PIPELINE_DEPTH, ModelWorker
 
 CLIENT_PROCESSES = 4  # the HTTP rows' client processes (at most one per client)
 KERNEL = {"auto": None, "kernel": True, "torch": False}  # --attention → EngineOptions.attention_kernel

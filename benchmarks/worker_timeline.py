@@ -53,8 +53,8 @@ from benchmarks.harness import (
 )
 from benchmarks.throughput_cells import GpuBusy, attention_decider, run_clients
 from typedlm.decide.decider import Decider
-from typedlm.serving.heap import freeze_start_up_objects
-from typedlm.serving.worker import HOST_THREADS, PIPELINE_DEPTH, ModelWorker
+from typedlm.hosting.heap import freeze_start_up_objects
+from typedlm.hosting.worker import HOST_THREADS, PIPELINE_DEPTH, ModelWorker
 from typedlm.text.pieces import PIECE_CHARS
 from typedlm.text.prompt import ChatLayout
 

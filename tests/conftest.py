@@ -65,7 +65,7 @@ LONGEST_FIRST = (
     "offline/test_evaluate.py",
     "decide/test_decider.py",
     "decide/test_feedback.py",
-    "serving/test_model_process.py",
+    "hosting/test_model_process.py",
     "server/test_server.py",
 )
 

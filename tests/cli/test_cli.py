@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from typedlm.serving.settings import keys_from_env
+from typedlm.core.settings import keys_from_env
 
 REQUEST = {
     "model": "jev-latest",

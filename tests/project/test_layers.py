@@ -21,7 +21,7 @@ HEAVY = ("torch", "transformers", "numpy")
         "typedlm",
         "typedlm.core.questions, typedlm.core.answers, typedlm.core.errors, typedlm.core.options",
         "typedlm.server, typedlm.server.app, typedlm.server.chat",
-        "typedlm.serving.worker, typedlm.serving.served, typedlm.serving.model_process, typedlm.serving.options",
+        "typedlm.hosting.worker, typedlm.hosting.served, typedlm.hosting.model_process, typedlm.core.settings",
     ],
 )
 def test_importing_leaves_torch_transformers_and_numpy_unloaded(modules):

@@ -1,4 +1,4 @@
-"""The one error table (`serving.status.status_of`) as the routes answer it. An error raised while answering gets
+"""The one error table (`hosting.status.status_of`) as the routes answer it. An error raised while answering gets
 the table's status, type, message and headers on /v1/systemone (Jev's shape) and on /v1/chat/completions (OpenAI's
 shape: a 400 where Jev answers 422, every refused request an invalid_request_error, `param` the field at fault); a
 failure (a 5xx that is not an APIError's) goes to the app's handlers on both routes, in Jev's shape."""
@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from typedlm.core.errors import InvalidRequest, LimitExceeded, ModelError, StoreError
+from typedlm.hosting.status import APIError, error_status, status_of
 from typedlm.server import ServerSettings, create_app
-from typedlm.serving.status import APIError, error_status, status_of
 
 from ..conftest import FakeDecider, ServerThread
 

@@ -306,4 +306,4 @@ def test_serve_help_states_the_body_deadline_and_the_budget(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert "--body-timeout" in text and "(default 30)" in text and "--max-pending-body-bytes" in text
     args = build_parser().parse_args(["serve"])
-    assert args.body_timeout == 30 and args.max_pending_body_bytes is None
+    assert args.body_timeout_s == 30 and args.max_pending_body_bytes is None

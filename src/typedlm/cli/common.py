@@ -13,9 +13,9 @@ import os
 import sys
 from pathlib import Path
 
-from typedlm.calibrate.calibration import DEFAULT_CALIBRATION
+from typedlm.cli.options import add_settings_options, feedback_path
 from typedlm.core.errors import InvalidRequest
-from typedlm.core.questions import CALIBRATION_METHODS
+from typedlm.core.settings import DEFAULT_ALIASES, MODEL_ENV
 from typedlm.offline.evaluate import SPLITS
 from typedlm.runtime.catalog import NAMED_MODELS, short_names
 from typedlm.runtime.models import EMBEDDED_MODEL, RECOMMENDED_MODEL
@@ -26,37 +26,22 @@ EXIT_CANNOT_LISTEN = 4
 
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--model",
-        default=os.environ.get("TYPEDLM_MODEL"),
-        help=f"a named model ({', '.join(m.aliases[0] for m in NAMED_MODELS)}: see `typedlm models`), a Hugging Face "
-        f"id, a local directory or a .gguf file (default: the embedded {EMBEDDED_MODEL}; with internet, "
-        f"{RECOMMENDED_MODEL} is recommended)",
+    """--model (default: $TYPEDLM_MODEL, else the embedded model), --device and --dtype."""
+    add_settings_options(
+        parser,
+        ("model", "device", "dtype"),
+        defaults={"model": os.environ.get(MODEL_ENV)},
+        more_help={
+            "model": f"named: {', '.join(m.aliases[0] for m in NAMED_MODELS)} (see `typedlm models`); the default is "
+            f"the embedded {EMBEDDED_MODEL} (${MODEL_ENV} sets another); with internet {RECOMMENDED_MODEL} is "
+            "recommended"
+        },
     )
-    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or mps (default: cpu)")
-    parser.add_argument("--dtype", default=None, help="float32 or bfloat16 (default: float32 on CPU, bfloat16 on CUDA)")
 
 
 def add_calibration_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--calibration",
-        choices=CALIBRATION_METHODS,
-        default=None,
-        help=f"default calibration method (requests may pick another with x_calibration; default: fitted with "
-        f"--calibration-file or the file shipped for a named model, else {DEFAULT_CALIBRATION})",
-    )
-    parser.add_argument(
-        "--calibration-file",
-        default=None,
-        help="parameters fitted by `typedlm calibrate` (default: the file shipped for a named model, if any)",
-    )
-    parser.add_argument(
-        "--order-reads",
-        type=int,
-        default=None,
-        help="option orders read per choice/score question, averaged (requests: x_order_reads; default: what the "
-        "calibration file was fitted with, else 1)",
-    )
+    """--calibration, --calibration-file and --order-reads."""
+    add_settings_options(parser, ("calibration", "calibration_file", "order_reads"))
 
 
 def add_eval_options(parser: argparse.ArgumentParser, split: str) -> None:
@@ -79,14 +64,7 @@ def read_body(path: str | None) -> object:
 def aliases(name: str) -> tuple[str, ...]:
     """The other names a request's `model` may use for the model named `name` (`ask` and `serve` alike): the
     default aliases and, for a named model, its short names (qwen2.5-coder-0.5b)."""
-    from typedlm.serving.settings import DEFAULT_ALIASES
-
     return (*DEFAULT_ALIASES, *short_names(name))
-
-
-def feedback_path(value: str) -> str:
-    """--feedback-db as the model process (or a replica elsewhere) reads it: a path made absolute, or a keyword."""
-    return value if value in ("default", "none") else str(Path(value).resolve())
 
 
 def calibration_kwargs(args: argparse.Namespace) -> dict:
@@ -96,7 +74,7 @@ def calibration_kwargs(args: argparse.Namespace) -> dict:
         "calibration_file": args.calibration_file,
         "order_reads": args.order_reads,
     }
-    if getattr(args, "feedback_db", None) is not None:  # batch's; serve passes its own through ServeOptions
+    if getattr(args, "feedback_db", None) is not None:  # batch's; serve passes its own through its settings
         options["feedback_db"] = feedback_path(args.feedback_db)
     return options
 

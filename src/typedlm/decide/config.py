@@ -2,6 +2,7 @@
 
     config = DeciderConfig.of(calibration="raw", feedback_db="none")   # a library call's, the CLI's or a replica's
     config = config.resolved(model_name, fingerprint)                 # what the model's own files fill in
+    config = served_config(settings)                                  # a served model's, from its ServerSettings
 
 `of` turns whatever the caller gives (strings from a command line or a settings file, enums, paths) into enums
 and checked values, and is the one place a bad option is refused (`InvalidRequest`, naming it). `resolved` fills in
@@ -23,6 +24,7 @@ from typedlm.core.errors import InvalidRequest
 from typedlm.core.names import CalibrationMethod, ChoiceAnswers
 from typedlm.core.options import EngineOptions
 from typedlm.core.questions import MAX_ORDER_READS
+from typedlm.core.settings import ServerSettings
 from typedlm.store.feedback import FeedbackStore
 from typedlm.text.prompt import PROMPT_VERSION, wording
 
@@ -144,3 +146,20 @@ def _member(kind: type[Enum], value: Any, option: str, loc: tuple[str, ...] = ()
     except ValueError:
         choices = ", ".join(member.value for member in kind)
         raise InvalidRequest(f"{option} must be one of {choices}", loc) from None
+
+
+def served_config(settings: ServerSettings) -> DeciderConfig:
+    """The config of a served model, from its settings (`typedlm serve`, the model process, a replica)."""
+    engine = EngineOptions(
+        cuda_graphs=None if settings.cuda_graphs else False, fused_kernels=None if settings.fused_kernels else False
+    )
+    return DeciderConfig.of(
+        engine=engine,
+        max_input_tokens=settings.max_input_tokens,
+        max_forward_bytes=settings.max_forward_mb << 20 if settings.max_forward_mb else None,
+        prefix_cache_bytes=settings.prefix_cache_mb << 20,
+        calibration=settings.calibration,
+        calibration_file=settings.calibration_file,
+        order_reads=settings.order_reads,
+        feedback_db=settings.feedback_db,
+    )

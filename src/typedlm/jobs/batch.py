@@ -5,7 +5,7 @@
 Input: JSON Lines (one request body per line) or Parquet (one per row; needs pyarrow), or rows holding a `state`
 with the questions given once (`questions=`). Output: JSON Lines, row by row in input order, each
 `{"id": ..., "response": {...}}` with the server's response body, or `{"id": ..., "error": {"status": ...,
-"detail": ...}}` with the status and body the server would answer (`serving.status.error_status`); `id` is the row's
+"detail": ...}}` with the status and body the server would answer (`hosting.status.error_status`); `id` is the row's
 own "id" field, else its line number in the input (1-based, blank lines counted: what an editor shows; Parquet: its
 1-based row number). A bad row becomes an error record, never a failed job.
 
@@ -31,8 +31,8 @@ from typing import Any
 
 from typedlm.core.errors import InvalidRequest
 from typedlm.core.questions import FeedbackRequest, parse_feedback, parse_request
-from typedlm.serving.batching import groups
-from typedlm.serving.status import APIError, error_status, model_not_found
+from typedlm.hosting.batching import groups
+from typedlm.hosting.status import APIError, error_status, model_not_found
 
 
 @dataclass(frozen=True)
@@ -132,7 +132,7 @@ def answer_rows(
     decider, rows: list[tuple[int, Any]], questions: Mapping[str, Any] | None = None, served: Iterable[str] = ()
 ) -> list[dict[str, Any]]:
     """The records of rows (line number, row) in order: every valid row prepared, then answered by as few forwards
-    as the decider batches (`max_batch` rows each, within the server's token limit: `serving.batching.groups`);
+    as the decider batches (`max_batch` rows each, within the server's token limit: `hosting.batching.groups`);
     `served`: the model names a row may give (default: the decider's own)."""
     served = tuple(served) or (decider.name,)
     items: list[Any] = []

@@ -27,15 +27,14 @@ from ray.serve.handle import DeploymentHandle
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
+from typedlm.core.settings import DEFAULT_ALIASES, ServerSettings
+from typedlm.hosting.status import APIError
 from typedlm.replicas.fanout import merge_health, merge_metrics
 from typedlm.replicas.forwarding import Forwarded, Reply, app_path, run_asgi
 from typedlm.replicas.keys import CHAT, document_key
 from typedlm.replicas.routing import DocumentAffinityRouter
 from typedlm.server.chat import error_response
 from typedlm.server.errors import to_response
-from typedlm.serving.options import ServeOptions
-from typedlm.serving.settings import DEFAULT_ALIASES
-from typedlm.serving.status import APIError
 
 APP_NAME = "typedlm"
 REPLICA = "TypedLMReplica"
@@ -43,7 +42,7 @@ INGRESS = "TypedLMIngress"
 RETRY_AFTER_S = 1
 
 
-class ReplicaArgs(ServeOptions):
+class ReplicaArgs(ServerSettings):
     """The application's options: `typedlm serve`'s (the model each replica loads, the settings each replica runs
     with) and the replicas'. `serve run typedlm.replicas.app:app_builder KEY=VALUE ...` takes them by name."""
 
@@ -60,11 +59,11 @@ class Replica:
     """One model and the single server's app around it."""
 
     def __init__(self, args: ReplicaArgs):
-        from typedlm.decide.decider import Decider
+        from typedlm.decide.startup import load_served
+        from typedlm.hosting.heap import MODEL_MMAP_THRESHOLD_BYTES, freeze_start_up_objects, return_freed_memory
+        from typedlm.hosting.threads import on_passing_thread
         from typedlm.runtime.catalog import short_names
         from typedlm.server.app import create_app
-        from typedlm.serving.heap import MODEL_MMAP_THRESHOLD_BYTES, freeze_start_up_objects, return_freed_memory
-        from typedlm.serving.threads import on_passing_thread
 
         return_freed_memory(MODEL_MMAP_THRESHOLD_BYTES)  # a large forward's blocks go back as freed; the rest when idle
 
@@ -72,8 +71,10 @@ class Replica:
             import torch
 
             torch.set_num_threads(max(1, int(args.cpus_per_replica)))
-        decider = on_passing_thread(lambda: Decider.load(**args.decider_options()))  # see `serving.threads`
-        self.app = create_app(decider, args.settings(aliases=(*DEFAULT_ALIASES, *short_names(decider.name))))
+        decider = on_passing_thread(lambda: load_served(args))  # see `hosting.threads`
+        self.app = create_app(
+            decider, args.model_copy(update={"aliases": (*DEFAULT_ALIASES, *short_names(decider.name))})
+        )
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         freeze_start_up_objects()  # the model and its imports, out of the collector's walks
 
@@ -197,8 +198,8 @@ def build_app(args: ReplicaArgs) -> serve.Application:
 def app_builder(args: dict[str, Any]) -> serve.Application:
     """Ray Serve's application builder: `serve run typedlm.replicas.app:app_builder replicas=2 model=NAME`.
     API keys also come from TYPEDLM_API_KEYS, as for `typedlm serve`."""
-    from typedlm.serving.settings import keys_from_env
+    from typedlm.core.settings import keys_from_env
 
     options = ReplicaArgs.model_validate(args)
-    options = options.model_copy(update={"api_keys": [*options.api_keys, *keys_from_env()]})
+    options = options.model_copy(update={"api_keys": (*options.api_keys, *keys_from_env())})
     return build_app(options)

@@ -2,12 +2,12 @@
 
 It only translates: wire bodies ↔ plain data (`typedlm.core.questions`, `typedlm.core.answers`), errors → status
 codes (in `errors`), HTTP's own limits (`protocol`, `body`), metrics and the request log. It never imports torch:
-the model arrives as a served model from the layer below (`typedlm.serving`): a `Decider`-like object run in this
-process (`serving.served.InProcessModel`) or in a process of its own (`serving.model_process.ModelProcess`, what
+the model arrives as a served model from the layer below (`typedlm.hosting`): a `Decider`-like object run in this
+process (`hosting.served.InProcessModel`) or in a process of its own (`hosting.model_process.ModelProcess`, what
 `typedlm serve` runs).
 """
 
-from typedlm.serving.settings import ServerSettings
+from typedlm.core.settings import ServerSettings
 
 __all__ = ["ServerSettings", "create_app"]
 

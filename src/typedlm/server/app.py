@@ -8,7 +8,7 @@ Routes: the playground at / and /playground, docs at /docs (`routes.pages`: Swag
 from local files); POST /v1/systemone, POST and GET /v1/systemone/feedback (gold answers in; the report out)
 (`routes.systemone`); GET /v1/models (`routes.models`); GET /health, GET /metrics (Prometheus)
 (`routes.operations`); POST /v1/chat/completions (`routes.chat`). Errors answer by one table
-(`serving.status.status_of`), in Jev's shape (`errors`) or, on the chat route, OpenAI's (`chat`). Every request is
+(`hosting.status.status_of`), in Jev's shape (`errors`) or, on the chat route, OpenAI's (`chat`). Every request is
 observed once (`metrics`): its route, status, time, tokens and questions, for the metrics and the request log.
 """
 
@@ -30,14 +30,14 @@ from typedlm.core.questions import (
     MIN_LEVELS,
     MIN_OPTIONS,
 )
+from typedlm.core.settings import ServerSettings
+from typedlm.hosting.served import DeciderLike, InProcessModel, ServedModel
 from typedlm.server import schemas
 from typedlm.server.body import MAX_JSON_DEPTH
 from typedlm.server.errors import install_handlers
 from typedlm.server.metrics import RequestLog, RequestRecord, ServerMetrics
 from typedlm.server.observing import ObserveRequests
 from typedlm.server.routes import chat, models, operations, pages, systemone
-from typedlm.serving.served import DeciderLike, InProcessModel, ServedModel
-from typedlm.serving.settings import ServerSettings
 
 VERSION = "0.1.0"
 

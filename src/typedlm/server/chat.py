@@ -3,7 +3,7 @@
 The system message is the `questions` object of /v1/systemone as JSON (or {"questions": {...}}); the
 user message is the state. The reply's message content is the answers as JSON; nothing is generated.
 Any other chat request is refused with a 400 saying so. A refused request is answered in OpenAI's {"error": {...}}
-shape, with the status and type of the one table (`serving.status.status_of`) in OpenAI's terms (`error_response`).
+shape, with the status and type of the one table (`hosting.status.status_of`) in OpenAI's terms (`error_response`).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from fastapi.responses import JSONResponse
 
 from typedlm.core.errors import InvalidRequest, LimitExceeded
 from typedlm.core.questions import Question, Text, parse_questions
+from typedlm.hosting.status import APIError, status_of
 from typedlm.server.body import NotJSON, parse_json
-from typedlm.serving.status import APIError, status_of
 
 NOT_A_DECISION = (
     "this server decides, it does not generate: put the questions (the `questions` object of /v1/systemone, "

@@ -1,4 +1,4 @@
-"""Every error → status code and Jev's JSON body, by the one table (`serving.status.status_of`).
+"""Every error → status code and Jev's JSON body, by the one table (`hosting.status.status_of`).
 
 Validation errors: 422 {"detail": [{"loc": ["body", ...], "msg", "type"}]}. Other errors:
 {"detail": {"error_type", "message"}}, with the table's headers. A bad request is never a 5xx (the official SDK
@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from typedlm.core.errors import TypedLMError
-from typedlm.serving.status import APIError, error_status, http_error, status_of
+from typedlm.hosting.status import APIError, error_status, http_error, status_of
 
 
 def to_response(exc: Exception) -> JSONResponse:

@@ -50,8 +50,8 @@ from typing import Any
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol, RequestResponseCycle
 
+from typedlm.core.settings import BODY_TIMEOUT_S, HEAD_TIMEOUT_S, MAX_PENDING_BODY_BYTES
 from typedlm.server.observing import DELIVERY, Delivery
-from typedlm.serving.settings import BODY_TIMEOUT_S, HEAD_TIMEOUT_S, MAX_PENDING_BODY_BYTES
 
 LINGER_S = 2.0  # after its own answer, the connection reads and drops what the client still sends this long at most
 RETRY_AFTER_S = 1  # the budget's 503, as the queue's (ServerSettings.retry_after_s)

@@ -10,14 +10,14 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from typedlm.core.errors import InvalidRequest
+from typedlm.core.settings import ServerSettings
+from typedlm.hosting.served import ServedModel
+from typedlm.hosting.status import APIError
 from typedlm.server import schemas
 from typedlm.server.auth import check_bearer
 from typedlm.server.body import parse_json, read_body
 from typedlm.server.chat import completion, error_response, parse_chat, stream_events
 from typedlm.server.routes.common import check_model, error_responses, note
-from typedlm.serving.served import ServedModel
-from typedlm.serving.settings import ServerSettings
-from typedlm.serving.status import APIError
 
 
 def router(served: ServedModel, settings: ServerSettings) -> APIRouter:

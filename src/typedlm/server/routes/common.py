@@ -10,11 +10,11 @@ from fastapi import Request
 
 from typedlm.core.answers import Usage
 from typedlm.core.questions import Question
+from typedlm.core.settings import ServerSettings
+from typedlm.hosting.served import ServedModel
+from typedlm.hosting.status import model_not_found
 from typedlm.server import schemas
 from typedlm.server.auth import check_bearer
-from typedlm.serving.served import ServedModel
-from typedlm.serving.settings import ServerSettings
-from typedlm.serving.status import model_not_found
 
 
 def error_responses(statuses: dict[int, str], body: type = schemas.ErrorBody) -> dict[int | str, dict[str, Any]]:

@@ -6,10 +6,10 @@ from typing import Any
 
 from fastapi import APIRouter, Depends
 
+from typedlm.core.settings import ServerSettings
+from typedlm.hosting.served import ServedModel
 from typedlm.server import schemas
 from typedlm.server.routes.common import bearer, error_responses
-from typedlm.serving.served import ServedModel
-from typedlm.serving.settings import ServerSettings
 
 
 def router(served: ServedModel, settings: ServerSettings, version: str) -> APIRouter:

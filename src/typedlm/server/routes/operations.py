@@ -9,8 +9,8 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from typedlm.hosting.served import ServedModel
 from typedlm.server.metrics import ServerMetrics
-from typedlm.serving.served import ServedModel
 
 
 def router(served: ServedModel, metrics: ServerMetrics) -> APIRouter:

@@ -9,12 +9,12 @@ from fastapi.responses import JSONResponse
 
 from typedlm.core.answers import Usage
 from typedlm.core.questions import parse_feedback, parse_request
+from typedlm.core.settings import ServerSettings
+from typedlm.hosting.served import ServedModel
+from typedlm.hosting.status import APIError
 from typedlm.server import schemas
 from typedlm.server.body import parse_json, read_body
 from typedlm.server.routes.common import bearer, check_model, error_responses, note
-from typedlm.serving.served import ServedModel
-from typedlm.serving.settings import ServerSettings
-from typedlm.serving.status import APIError
 
 
 def router(served: ServedModel, settings: ServerSettings) -> APIRouter:

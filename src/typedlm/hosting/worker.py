@@ -48,9 +48,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from typedlm.serving.batching import MAX_BATCH, MAX_BATCH_TOKENS, fits
-from typedlm.serving.heap import TrimWhenIdle
-from typedlm.serving.status import overloaded, timed_out
+from typedlm.core.settings import MAX_BATCH
+from typedlm.hosting.batching import MAX_BATCH_TOKENS, fits
+from typedlm.hosting.heap import TrimWhenIdle
+from typedlm.hosting.status import overloaded, timed_out
 
 logger = logging.getLogger(__name__)
 

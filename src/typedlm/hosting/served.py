@@ -19,8 +19,8 @@ from typing import Any, Protocol, runtime_checkable
 from typedlm.core.answers import Response
 from typedlm.core.description import ModelDescription
 from typedlm.core.questions import FeedbackRequest, Question, Text
-from typedlm.serving.settings import ServerSettings
-from typedlm.serving.worker import ModelWorker
+from typedlm.core.settings import ServerSettings
+from typedlm.hosting.worker import ModelWorker
 
 Stats = dict[str, dict[str, float]]  # counters and sizes by group
 

@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from typedlm.serving.threads import on_passing_thread
+from typedlm.hosting.threads import on_passing_thread
 
 
 def test_runs_on_a_thread_that_has_ended_when_it_returns():

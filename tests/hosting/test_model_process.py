@@ -1,4 +1,4 @@
-"""The model in a process of its own (`typedlm.serving.model_process`), as `typedlm serve` runs it by default.
+"""The model in a process of its own (`typedlm.hosting.model_process`), as `typedlm serve` runs it by default.
 
 Answers through it are the decider's own (the real embedded model, in process and over HTTP with the official SDK);
 errors cross with their fields, so a request gets the same status and body either way. Admission (503), the timeout
@@ -25,10 +25,10 @@ from typesafe_sdk import Noul, TypeSafeClient
 from typedlm.core.errors import InvalidRequest, LimitExceeded, ModelError
 from typedlm.core.questions import parse_request
 from typedlm.decide.decider import Decider
+from typedlm.hosting.model_process import ModelProcess, portable
+from typedlm.hosting.status import APIError, error_status
 from typedlm.runtime.models import load_model
 from typedlm.server import ServerSettings, create_app
-from typedlm.serving.model_process import ModelProcess, portable
-from typedlm.serving.status import APIError, error_status
 
 from ..conftest import FakeDecider, ServerThread, json_leaves
 
@@ -164,7 +164,7 @@ def test_a_model_that_cannot_load_raises_its_own_error():
 
 
 class FreezeReportingDecider(FakeDecider):
-    """Its counters say how many objects its process had frozen (`serving.heap`) when the decider was asked."""
+    """Its counters say how many objects its process had frozen (`hosting.heap`) when the decider was asked."""
 
     def stats(self):
         return {**super().stats(), "gc": {"frozen": gc.get_freeze_count()}}

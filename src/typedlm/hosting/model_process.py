@@ -49,12 +49,12 @@ from typedlm.core.bounded import resident_bytes
 from typedlm.core.description import ModelDescription
 from typedlm.core.errors import ModelError
 from typedlm.core.questions import FeedbackRequest, Question, Text
-from typedlm.serving.heap import MODEL_MMAP_THRESHOLD_BYTES, freeze_start_up_objects, return_freed_memory
-from typedlm.serving.served import DeciderLike, InProcessModel, Stats
-from typedlm.serving.settings import ServerSettings
-from typedlm.serving.status import APIError, error_status, overloaded, timed_out
-from typedlm.serving.threads import on_passing_thread
-from typedlm.serving.worker import resolve
+from typedlm.core.settings import ServerSettings
+from typedlm.hosting.heap import MODEL_MMAP_THRESHOLD_BYTES, freeze_start_up_objects, return_freed_memory
+from typedlm.hosting.served import DeciderLike, InProcessModel, Stats
+from typedlm.hosting.status import APIError, error_status, overloaded, timed_out
+from typedlm.hosting.threads import on_passing_thread
+from typedlm.hosting.worker import resolve
 
 logger = logging.getLogger(__name__)
 

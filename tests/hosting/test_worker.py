@@ -10,8 +10,8 @@ from collections.abc import Callable
 
 import pytest
 
+from typedlm.hosting.worker import ModelWorker
 from typedlm.server.errors import APIError
-from typedlm.serving.worker import ModelWorker
 
 
 class SlowBatches:

@@ -15,7 +15,6 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
-MAX_BATCH = 64  # requests answered by one forward, at most
 MAX_BATCH_TOKENS = 65536  # tokens of one forward, at most (a single larger request still runs, alone)
 
 

@@ -1,8 +1,8 @@
-"""`serving.batching`: one forward's limits, kept the same way by the model worker and the batch jobs."""
+"""`hosting.batching`: one forward's limits, kept the same way by the model worker and the batch jobs."""
 
 from __future__ import annotations
 
-from typedlm.serving.batching import MAX_BATCH_TOKENS, fits, groups
+from typedlm.hosting.batching import MAX_BATCH_TOKENS, fits, groups
 
 
 def test_a_batch_takes_requests_up_to_its_count_and_its_tokens():

@@ -1,4 +1,4 @@
-"""`serving.heap`: what is alive at start-up is frozen out of the collector's walks; what comes later is collected.
+"""`hosting.heap`: what is alive at start-up is frozen out of the collector's walks; what comes later is collected.
 Freed memory goes back to the system once the work has stopped, and not while it goes on."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import weakref
 import psutil
 import pytest
 
-from typedlm.serving.heap import TrimWhenIdle, _glibc, freeze_start_up_objects, trim_freed_memory
+from typedlm.hosting.heap import TrimWhenIdle, _glibc, freeze_start_up_objects, trim_freed_memory
 
 
 class Node:
