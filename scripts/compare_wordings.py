@@ -1,7 +1,7 @@
-"""Prompt wordings side by side, from `typedlm.offline.shipped --select-only` reports (written by
-scripts/calibration_loso.py; one per wording, each run on readouts recorded in that wording): the variant each would
-ship, its selection score (mean + worst ECE over the sets left out, mean over kinds: lower is better) and, per kind,
-its mean accuracy over the sets. Train splits only.
+"""Prompt wordings side by side, from `typedlm fit-shipped --select-only` reports (`typedlm.offline.shipped`;
+one per wording, each run on readouts recorded in that wording): the variant each would ship, its selection score
+(mean + worst ECE over the sets left out, mean over kinds: lower is better) and, per kind, its mean accuracy over
+the sets. Train splits only.
 
     python scripts/compare_wordings.py eval/wording-q05-1.json eval/wording-q05-2-system.json ...
 """

@@ -1,5 +1,5 @@
 """Reliability diagrams of a leave-one-set-out report (`typedlm.offline.shipped`'s --out, written by
-scripts/calibration_loso.py): every set's held-out answers pooled, raw beside the default (each set through the
+`typedlm fit-shipped`): every set's held-out answers pooled, raw beside the default (each set through the
 calibrator fitted without it).
 
     python scripts/loso_plots.py docs/results/loso-qwen2.5-coder-1.5b.json --readouts eval/readouts/qwen1.5b \

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from types import SimpleNamespace
 
@@ -10,12 +11,13 @@ import pytest
 
 from typedlm.calibrate.calibration import CalibrationFile
 from typedlm.offline.readouts import Readout, save
-from typedlm.offline.shipped import main
+from typedlm.offline.shipped import add_arguments, main
+from typedlm.text.prompt import PROMPT_VERSION
 
 SETS = ("a", "b", "c")
 
 
-def _readouts(name: str, n: int, seed: int) -> list[Readout]:
+def synthetic_readouts(name: str, n: int, seed: int) -> list[Readout]:
     """Per example a yes/no and a 3-way choice answer, sharper than the truth; priors flat."""
     rng = np.random.default_rng(seed)
     out = []
@@ -37,29 +39,30 @@ def _fake_decider_loader(loads: list):
     return load_decider
 
 
-def test_help_states_what_it_reads_and_writes(capsys):
-    with pytest.raises(SystemExit) as exit_:
-        main(["--help"])
-    assert exit_.value.code == 0
-    out = capsys.readouterr().out
-    for words in ("--readouts", "SET.train.jsonl", "src/typedlm/calibrate/shipped/", "docs/results/loso-MODEL.json"):
-        assert words in out, words
+def _args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(argv)
 
 
-def test_without_a_decider_it_names_the_script_that_loads_one(tmp_path):
+def test_the_options_and_their_defaults(tmp_path):
+    args = _args(["--sets", "a", "b", "--readouts", str(tmp_path), "--out", str(tmp_path / "report.json")])
+    assert args.sets == ["a", "b"] and args.model is None and args.limit == 150 and args.order_reads == 3
+    assert args.prompt_version == PROMPT_VERSION and args.calibration_file is None and not args.select_only
+    assert args.name_readouts is None and args.coherence_readouts is None
     with pytest.raises(SystemExit) as exit_:
-        main(["--sets", "a", "--readouts", str(tmp_path), "--out", str(tmp_path / "report.json")])
-    assert "scripts/calibration_loso.py" in str(exit_.value.code)
+        _args(["--readouts", str(tmp_path), "--out", str(tmp_path / "report.json")])
+    assert exit_.value.code == 2, "--sets is required"
 
 
 def test_a_fit_on_recorded_readouts_writes_the_report_and_a_calibration_file(tmp_path, capsys):
     for seed, name in enumerate(SETS):
-        save(tmp_path / "letters" / f"{name}.train.jsonl", _readouts(name, 40, seed))
-        save(tmp_path / "letters" / f"{name}.held_out.jsonl", _readouts(name, 40, seed + 10))
+        save(tmp_path / "letters" / f"{name}.train.jsonl", synthetic_readouts(name, 40, seed))
+        save(tmp_path / "letters" / f"{name}.held_out.jsonl", synthetic_readouts(name, 40, seed + 10))
     loads: list = []
     argv = ["--sets", *SETS, "--readouts", str(tmp_path / "letters"), "--order-reads", "1"]
     argv += ["--out", str(tmp_path / "report.json"), "--calibration-file", str(tmp_path / "calibration.json")]
-    assert main(argv, load_decider=_fake_decider_loader(loads)) == 0
+    assert main(_args(argv), _fake_decider_loader(loads)) == 0
     assert loads == [(None, "letters", "1")], "one decider, by letter, never asked to read: every file is there"
     report = json.loads((tmp_path / "report.json").read_text(encoding="utf-8"))
     assert report["model"] == "fake-model" and report["reads"] == 1 and report["choice_answers"] == "letters"

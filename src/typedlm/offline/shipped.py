@@ -1,15 +1,15 @@
 r"""The calibration files typedlm ships for its named models, fitted leave-one-set-out on recorded readouts: fit on
 every set but one, score on the one left out.
 
-    python scripts/calibration_loso.py --model qwen2.5-coder-1.5b --sets rotten_tomatoes bbc_news sys1bench \
+    typedlm fit-shipped --model qwen2.5-coder-1.5b --sets rotten_tomatoes bbc_news sys1bench \
         sys1bench_generated boolq arc trec_questions amazon_sentiment --limit 400 \
         --readouts eval/readouts/qwen1.5b/1-letters --name-readouts eval/readouts/qwen1.5b/1-names \
         --coherence-readouts eval/readouts/qwen1.5b-negations/1-letters \
         --out docs/results/loso-qwen2.5-coder-1.5b.json \
         --calibration-file src/typedlm/calibrate/shipped/qwen2.5-coder-1.5b-instruct.json
 
-(`python -m typedlm.offline.shipped --help` lists the same options; `main` needs a decider, which offline/ cannot
-load: see "The model" below.)
+(`typedlm fit-shipped`, the command `typedlm.cli.shipped`, runs it with the model loaded, which offline/ cannot
+do: see "The model" below.)
 
 Reads (`offline.readouts`: one readout per line, an answer's label masses for each order read and their
 content-free priors; file names end in `.jsonl`):
@@ -48,10 +48,11 @@ The steps:
 3. with --calibration-file, the chosen variant fitted on every set's train split is written there.
 With --select-only, step 1 only on the train splits, its scores written to --out (to compare prompt versions).
 
-The model: a decider names the model and its fingerprint in the report and the calibration file, and records the
-readouts a folder lacks. offline/ never imports the decider (the layers contract in pyproject.toml), so `main`
-takes `load_decider(model, choice_answers, prompt_version)` from its caller: `scripts/calibration_loso.py` passes
-`Decider.load(model, calibration="raw", ...)`.
+The model (--model; default: the embedded model): a decider names the model and its fingerprint in the report and
+the calibration file, and records the readouts a folder lacks. offline/ never imports the decider (the layers
+contract in pyproject.toml), so `main(args, load_decider)` takes `load_decider(model, choice_answers,
+prompt_version)` from its caller, and `add_arguments(parser)` gives a caller's parser these options: `typedlm
+fit-shipped` (`typedlm.cli.shipped`) passes `Decider.load(model, calibration="raw", ...)`.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -79,10 +80,10 @@ READS = 3  # option orders recorded per choice/score question; fewer are read fr
 DeciderLoader = Callable[[str | None, str, str], Any]
 
 
-def parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default=None)
-    parser.add_argument("--sets", nargs="+", required=True)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The fit's options (the module docstring's), added to `parser`; `main` reads them back."""
+    parser.add_argument("--model", default=None, help="a named model, HF id or path (default: the embedded model)")
+    parser.add_argument("--sets", nargs="+", required=True, help="the labeled sets (built-in datasets), each left out")
     parser.add_argument("--limit", type=int, default=150, help="examples per set and split (class-balanced sample)")
     parser.add_argument("--readouts", required=True, help="folder of recorded readouts (made if missing)")
     parser.add_argument("--out", required=True, help="JSON report")
@@ -119,17 +120,18 @@ def parser() -> argparse.ArgumentParser:
         help="train splits only: choose the variant and write its selection scores (to compare prompt versions, "
         "each with its own readouts), no held-out report, no calibration file",
     )
-    return parser
 
 
-def main(argv: Sequence[str] | None = None, load_decider: DeciderLoader | None = None) -> int:
-    """Steps 1–3 of the module docstring for the command line `argv` (None: `sys.argv`)."""
-    args = parser().parse_args(argv)
-    if load_decider is None:
-        raise SystemExit(
-            "typedlm.offline.shipped needs the model (its name, its fingerprint, readouts a folder lacks), which "
-            "offline/ cannot load: run scripts/calibration_loso.py with the same options"
-        )
+def main(args: argparse.Namespace, load_decider: DeciderLoader) -> int:
+    """Steps 1–3 of the module docstring for the options of `add_arguments`, read from `load_decider`'s model.
+
+    Args:
+        args: the parsed options.
+        load_decider: `(model, choice_answers, prompt_version)` → a decider reading raw probabilities.
+
+    Returns:
+        0 (the exit status).
+    """
     # by letter whatever the model's shipped file reads choices by: the readouts are what every variant starts from
     decider = load_decider(args.model, "letters", args.prompt_version)
     folder = Path(args.readouts)
@@ -284,7 +286,3 @@ def _named(args: argparse.Namespace, readouts: dict, load_decider: DeciderLoader
         for name, s in named.items()
     }
     return {"names": named, "names_per_token": per_token}
-
-
-if __name__ == "__main__":
-    sys.exit(main())
