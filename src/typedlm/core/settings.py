@@ -58,8 +58,8 @@ class ServerSettings(BaseModel):
     # -- what the server enforces ---------------------------------------------------------------------------
     api_keys: tuple[str, ...] = Field(
         (),
-        description=f"require Authorization: Bearer KEY (repeatable; also {API_KEYS_ENV}, comma-separated; default: none, "
-        "auth off)",
+        description=f"require Authorization: Bearer KEY (repeatable; also {API_KEYS_ENV}, comma-separated; default: "
+        "none, auth off)",
         json_schema_extra=_flag("--api-key", metavar="KEY"),
     )
     max_queue: int = Field(16, ge=1, description="requests running or waiting; more get 503 + Retry-After")
@@ -99,7 +99,8 @@ class ServerSettings(BaseModel):
     release_date: str = Field("2026-11-29", json_schema_extra={"cli": False})  # reported by /v1/models
     # -- the model and how it is read ------------------------------------------------------------------------
     model: str | None = Field(
-        None, description="a named model, a Hugging Face id, a local directory or a .gguf file (default: the embedded model)"
+        None,
+        description="a named model, a Hugging Face id, a local directory or a .gguf file (default: the embedded model)",
     )
     device: str = Field("cpu", description="cpu, cuda, cuda:N or mps")
     dtype: str | None = Field(None, description="float32 or bfloat16 (default: float32 on CPU, bfloat16 on CUDA)")
@@ -112,8 +113,8 @@ class ServerSettings(BaseModel):
     max_forward_mb: int | None = Field(
         None,
         ge=1,
-        description="memory one request's forward may take, estimated before it runs, else 413 (default: 1024 on a CPU, "
-        "a quarter of a GPU's memory)",
+        description="memory one request's forward may take, estimated before it runs, else 413 (default: 1024 on a "
+        "CPU, a quarter of a GPU's memory)",
     )
     prefix_cache_mb: int = Field(
         1024, ge=0, description="memory for prefilled documents reused across requests (0: off)"
@@ -136,13 +137,14 @@ class ServerSettings(BaseModel):
         "contextual)",
     )
     calibration_file: str | None = Field(
-        None, description="parameters fitted by `typedlm calibrate` (default: the file shipped for a named model, if any)"
+        None,
+        description="parameters fitted by `typedlm calibrate` (default: the file shipped for a named model, if any)",
     )
     order_reads: int | None = Field(
         None,
         ge=1,
-        description="option orders read per choice/score question, averaged (requests: x_order_reads; default: what the "
-        "calibration file was fitted with, else 1)",
+        description="option orders read per choice/score question, averaged (requests: x_order_reads; default: what "
+        "the calibration file was fitted with, else 1)",
     )
     feedback_db: str = Field(
         "default",
