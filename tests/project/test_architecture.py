@@ -85,3 +85,16 @@ def test_the_page_the_readme_and_the_import_contract_state_one_layer_order():
     assert f"\n{order}\n" in page, f"docs/architecture.md does not state the contract's order: {order}"
     assert re.search(rf"^\s+{re.escape(order)}$", readme, re.MULTILINE), f"README.md does not state {order}"
     assert "serving" not in order and "hosting" in order and "calibrate" in order
+
+
+MAX_MODULE_LINES = 400  # past it a module is split along a seam a reader can name
+
+
+def test_no_module_of_the_package_or_the_benchmarks_is_over_the_line_limit():
+    long = {
+        str(path.relative_to(ROOT)): n
+        for folder in (SOURCE, ROOT / "benchmarks")
+        for path in folder.rglob("*.py")
+        if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES
+    }
+    assert not long, f"modules over {MAX_MODULE_LINES} lines: {long}"
