@@ -16,6 +16,7 @@ import time
 
 from benchmarks.harness import example_request
 from typedlm import Decider
+from typedlm.core.names import CalibrationMethod
 from typedlm.core.questions import parse_request
 from typedlm.runtime.models import load_model
 
@@ -28,7 +29,10 @@ def main() -> None:
     loaded = load_model(args.model)
     decider = Decider(loaded, prefix_cache_bytes=0)
     request = parse_request(example_request())
-    setups = {"contextual, 1 read": ("contextual", 1), "default": (decider.calibration, decider.config.order_reads)}
+    setups = {
+        "contextual, 1 read": (CalibrationMethod.CONTEXTUAL, 1),
+        "default": (decider.calibration, decider.config.order_reads),
+    }
     times: dict[str, list[float]] = {name: [] for name in setups}
     for method, reads in setups.values():  # warm-up: content-free priors, shapes
         decider.decide(request.state, request.questions, method, reads)

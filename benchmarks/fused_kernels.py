@@ -27,6 +27,7 @@ import time
 import torch
 
 from benchmarks.harness import add_model_arguments, load_benchmark_model, make_questions, make_state
+from typedlm.core.names import CalibrationMethod
 from typedlm.core.options import EngineOptions
 from typedlm.decide.decider import Decider
 from typedlm.runtime.patching import unfuse_rope
@@ -105,7 +106,9 @@ def main() -> None:
     deciders, slots, work = {}, {}, {}
     for name, options in VARIANTS.items():
         model = own_copy if name == "own" else loaded
-        decider = deciders[name] = Decider(model, prefix_cache_bytes=0, calibration="raw", engine=options)
+        decider = deciders[name] = Decider(
+            model, prefix_cache_bytes=0, calibration=CalibrationMethod.RAW, engine=options
+        )
         print(f"{name}: {decider.features.fusion or 'the model own kernels'}")
         for q in args.questions:
             questions = work.setdefault(q, make_questions(q))

@@ -44,13 +44,14 @@ def _serve(policy: str, model: str | None, conn) -> None:
     """A policy's process: answers (body → milliseconds) until told None; ("rss",) → its resident MB; ("trim",)."""
     import psutil
 
+    from typedlm.core.names import CalibrationMethod
     from typedlm.decide.decider import Decider
     from typedlm.hosting.heap import return_freed_memory, trim_freed_memory
 
     threshold, trims = POLICIES[policy]
     if threshold is not None:
         return_freed_memory(threshold)
-    decider = Decider.load(model, device="cpu", calibration="raw", feedback_db=None)
+    decider = Decider.load(model, device="cpu", calibration=CalibrationMethod.RAW, feedback_db=None)
     conn.send(decider.name)
     while (message := conn.recv()) is not None:
         if message == ("rss",):

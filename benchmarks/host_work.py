@@ -26,6 +26,7 @@ import torch
 from transformers import AutoTokenizer
 
 from benchmarks.harness import embedded_tokenizer_dir, make_questions, make_state
+from typedlm.core.names import Kind
 from typedlm.runtime.packing import PackedItem, pack
 from typedlm.runtime.static_inputs import Document, Shape, Slot
 from typedlm.text.labels import Labeler
@@ -47,7 +48,7 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or embedded_tokenizer_dir())
     layouts = {chars: ChatLayout(tokenizer, piece_chars=chars) for chars in args.piece_chars}
     layout = layouts[args.piece_chars[0]]
-    labels = Labeler(tokenizer, layout.answer_opening).labels("noul", 2)
+    labels = Labeler(tokenizer, layout.answer_opening).labels(Kind.NOUL, 2)
     states = [make_state(layout, args.prefix_tokens, v) for v in range(3)]
 
     def state(i: int, q: int) -> str:

@@ -46,6 +46,7 @@ from benchmarks.harness import (
     wire,
     write_report,
 )
+from typedlm.core.names import CalibrationMethod
 from typedlm.core.options import EngineOptions
 from typedlm.decide.decider import Decider
 from typedlm.runtime import hf
@@ -192,8 +193,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     loaded, dtype = load_benchmark_model(args)
-    decider = Decider(loaded, prefix_cache_bytes=0, calibration="raw")
-    cached = Decider(loaded, prefix_cache_bytes=4 << 30, calibration="raw")
+    decider = Decider(loaded, prefix_cache_bytes=0, calibration=CalibrationMethod.RAW)
+    cached = Decider(loaded, prefix_cache_bytes=4 << 30, calibration=CalibrationMethod.RAW)
     strategies: dict[str, Callable] = {
         "per_question": per_question,
         "serial": serial,
@@ -202,7 +203,9 @@ def main() -> None:
         "generate": generate,
     }
     if args.device.startswith("cuda"):  # the same one-forward readout without CUDA graphs, side by side
-        eager = Decider(loaded, prefix_cache_bytes=0, engine=EngineOptions(cuda_graphs=False), calibration="raw")
+        eager = Decider(
+            loaded, prefix_cache_bytes=0, engine=EngineOptions(cuda_graphs=False), calibration=CalibrationMethod.RAW
+        )
         strategies["typedlm_eager"] = lambda _d, state, qs: typedlm(eager, state, qs)
     peers_wanted = args.strategies is None or not set(args.strategies) <= set(strategies)
     if peers_wanted and args.model is None:

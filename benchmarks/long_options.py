@@ -30,6 +30,7 @@ from benchmarks.harness import (
     table_row,
     write_report,
 )
+from typedlm.core.names import CalibrationMethod
 from typedlm.core.questions import ChoiceQuestion
 from typedlm.decide.decider import Decider
 from typedlm.ops import attention
@@ -55,7 +56,7 @@ def main() -> None:
     import torch
 
     loaded, dtype = load_benchmark_model(args)
-    decider = Decider(loaded, calibration="raw", feedback_db=None, prefix_cache_bytes=0)
+    decider = Decider(loaded, calibration=CalibrationMethod.RAW, feedback_db=None, prefix_cache_bytes=0)
     documents = Documents(ChatLayout(decider.tokenizer), args.prefix_tokens)
     shipped = attention.CHAIN_SPLIT_ROWS
     settings = {"split": shipped, "one masked call": 1 << 30}

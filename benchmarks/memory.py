@@ -15,6 +15,7 @@ import json
 import torch
 
 from benchmarks.harness import add_model_arguments, load_benchmark_model, make_questions, make_state
+from typedlm.core.names import CalibrationMethod
 from typedlm.core.options import EngineOptions
 from typedlm.decide.decider import Decider
 
@@ -31,7 +32,7 @@ def main() -> None:
     weights = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
     options = EngineOptions(cuda_graphs=None if args.cuda_graphs else False)
-    decider = Decider(loaded, prefix_cache_bytes=0, engine=options, calibration="raw")
+    decider = Decider(loaded, prefix_cache_bytes=0, engine=options, calibration=CalibrationMethod.RAW)
     state, questions = make_state(decider.layout, args.prefix_tokens), make_questions(args.questions)
     for variant in range(4):  # different documents of the same size: the same graph, replayed
         decider.decide(make_state(decider.layout, args.prefix_tokens, variant), questions)

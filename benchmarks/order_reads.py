@@ -30,6 +30,7 @@ from benchmarks.harness import (
     output_path,
     write_report,
 )
+from typedlm.core.names import CalibrationMethod
 from typedlm.core.questions import ChoiceQuestion, ScoreQuestion
 from typedlm.decide.decider import Decider
 
@@ -72,8 +73,8 @@ def main() -> None:
     args = parser.parse_args()
     loaded, dtype = load_benchmark_model(args)
     sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
-    fresh = Decider(loaded, prefix_cache_bytes=0, calibration="raw")
-    cached = Decider(loaded, calibration="raw")
+    fresh = Decider(loaded, prefix_cache_bytes=0, calibration=CalibrationMethod.RAW)
+    cached = Decider(loaded, calibration=CalibrationMethod.RAW)
     state, questions = make_state(fresh.layout, args.prefix_tokens), make_questions(args.questions)
     rows = []
     for name, decider in (("new document", fresh), ("cached document", cached)):

@@ -36,7 +36,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 
-NOUL = "noul"
+from typedlm.core.names import Kind
+
 LLM2JEV_MAX_QUESTIONS = 64  # llm2jev.engine.MAX_QUESTIONS in 0.6.1
 _reported: set[str] = set()
 
@@ -49,7 +50,7 @@ def _report(name: str, exc: BaseException) -> None:
 
 
 def _noul_only(questions: dict) -> dict:
-    return {qid: q for qid, q in questions.items() if isinstance(q, dict) and q.get("type") == NOUL}
+    return {qid: q for qid, q in questions.items() if isinstance(q, dict) and q.get("type") == Kind.NOUL}
 
 
 def _anyjev_runner(model_dir: str, device: str, dtype: str, level: str, prior: str) -> Callable[[object, dict], dict]:

@@ -43,6 +43,7 @@ from benchmarks.harness import (
     wire,
     write_report,
 )
+from typedlm.core.names import CalibrationMethod
 from typedlm.decide.decider import Decider
 from typedlm.text.prompt import ChatLayout
 
@@ -82,7 +83,9 @@ def main() -> None:
             loaded.tokenizer.save_pretrained(folder)
             model = folder
             del loaded
-        decider = Decider.load(model, device=args.device, dtype=dtype, calibration="raw", feedback_db=None)
+        decider = Decider.load(
+            model, device=args.device, dtype=dtype, calibration=CalibrationMethod.RAW, feedback_db=None
+        )
         documents = Documents(ChatLayout(decider.tokenizer), args.prefix_tokens)
         options = ["--model", model, "--device", args.device, "--dtype", dtype]
         options += ["--calibration", "raw", "--feedback-db", "none", *args.serve_option]

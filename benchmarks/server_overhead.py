@@ -23,6 +23,7 @@ import statistics
 import psutil
 
 from benchmarks.harness import ClientProcesses, make_questions, served_app, tiny_qwen3, wire
+from typedlm.core.names import CalibrationMethod
 from typedlm.core.settings import ServerSettings
 from typedlm.decide.decider import Decider
 from typedlm.runtime.models import load_model
@@ -78,7 +79,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     loaded = load_model(args.model, args.device) if args.model else tiny_qwen3()
-    decider = Decider(loaded, prefix_cache_bytes=0, calibration="raw")
+    decider = Decider(loaded, prefix_cache_bytes=0, calibration=CalibrationMethod.RAW)
     rounds = []
     for round_ in range(args.rounds):
         row = one_round(decider, args, round_)

@@ -31,6 +31,7 @@ from benchmarks.harness import (
     tiny_qwen3,
     write_report,
 )
+from typedlm.core.names import CalibrationMethod
 from typedlm.decide.decider import Decider
 from typedlm.text.prompt import ChatLayout
 
@@ -53,7 +54,7 @@ def main() -> None:
     import torch
 
     loaded = tiny_qwen3() if args.model is None and not args.random_qwen3_06b else load_benchmark_model(args, "cpu")[0]
-    decider = Decider(loaded, calibration="raw", feedback_db=None)
+    decider = Decider(loaded, calibration=CalibrationMethod.RAW, feedback_db=None)
     state = Documents(ChatLayout(decider.tokenizer), args.prefix_tokens).next()
     questions = make_questions(args.questions)
 

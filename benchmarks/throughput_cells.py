@@ -24,6 +24,7 @@ from collections.abc import Callable
 import torch
 
 from benchmarks.harness import ClientProcesses, Documents, load_benchmark_model, served_app
+from typedlm.core.names import CalibrationMethod
 from typedlm.core.options import EngineOptions
 from typedlm.core.settings import ServerSettings
 from typedlm.decide.decider import Decider
@@ -282,7 +283,7 @@ def server_settings(decider: Decider, batching: bool) -> ServerSettings:
 def attention_decider(loaded, attention: str) -> Decider:
     """The decider of an `--attention` row: the raw readout, no prefix cache (every document is new)."""
     engine = EngineOptions(attention_kernel=KERNEL[attention])
-    return Decider(loaded, prefix_cache_bytes=0, calibration="raw", engine=engine)
+    return Decider(loaded, prefix_cache_bytes=0, calibration=CalibrationMethod.RAW, engine=engine)
 
 
 def benchmark_decider(args: argparse.Namespace, attention: str) -> Decider:

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from typedlm.calibrate.calibration import CalibrationFile, shipped_calibration
+from typedlm.core.names import CalibrationMethod, Kind
 from typedlm.offline.coherence import baseline, coherence, derive
 from typedlm.offline.evaluate import load_examples
 from typedlm.offline.loso import yes_probabilities
@@ -28,7 +29,7 @@ def p_yes(readouts: list[Readout], method: str, file: CalibrationFile | None = N
     """P(yes) of every (noul) readout under `method`, or under `file`'s calibrator on its base."""
     if file is None:
         return yes_probabilities(readouts, method, {})
-    return yes_probabilities(readouts, {"noul": file.base_of("noul")}, file.calibrator)
+    return yes_probabilities(readouts, {Kind.NOUL: file.base_of(Kind.NOUL)}, file.calibrator)
 
 
 def main() -> int:
@@ -50,12 +51,12 @@ def main() -> int:
             if decider is None:
                 from typedlm import Decider
 
-                decider = Decider.load(args.model, calibration="raw")
+                decider = Decider.load(args.model, calibration=CalibrationMethod.RAW)
             examples = derive(load_examples(set_name, "held_out", args.limit, 0))
             save(path, record(decider, examples, set_name, 1))
             print(f"recorded {path}", file=sys.stderr, flush=True)
-        readouts[set_name] = [r for r in load(path) if r.kind == "noul"]
-    methods = {"raw": None, "contextual": None}
+        readouts[set_name] = [r for r in load(path) if r.kind == Kind.NOUL]
+    methods: dict[str, CalibrationFile | None] = {CalibrationMethod.RAW: None, CalibrationMethod.CONTEXTUAL: None}
     if file is not None:
         methods["default"] = file
     report: dict = {"model": name, "calibration_file": file.data.get("variant") if file else None, "sets": {}}

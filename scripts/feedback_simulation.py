@@ -19,6 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from typedlm.calibrate.calibration import shipped_calibration
+from typedlm.core.names import CalibrationMethod, Kind
 from typedlm.core.questions import parse_question
 from typedlm.offline.readouts import load
 from typedlm.offline.simulation import KS, SEEDS, ShippedVariant, simulate, verdicts
@@ -86,7 +87,7 @@ def main() -> None:
     if shipped is None:
         raise SystemExit(f"no shipped calibration for {args.model}")
     variants = {kind: ShippedVariant.parse(text) for kind, text in shipped.data["variants"].items()}
-    reading = variants.get("choice", ShippedVariant("letters", "raw", ())).reading
+    reading = variants.get(Kind.CHOICE, ShippedVariant("letters", CalibrationMethod.RAW, ())).reading
     by_name, per_token = reading in ("names", "names_per_token"), reading == "names_per_token"
     found = {
         p.name.split(".")[0] for way in ("1-letters", "1-names") for p in (args.readouts / way).glob("*.train.jsonl*")
@@ -97,12 +98,12 @@ def main() -> None:
         for split in ("train", "held_out"):
             letters = _load(args.readouts / "1-letters", name, split) or []
             names = _load(args.readouts / "1-names", name, split) or []
-            rows = [r for r in letters if not (by_name and r.kind == "choice")]
+            rows = [r for r in letters if not (by_name and r.kind == Kind.CHOICE)]
             if by_name:  # length-normalised where the file reads names per token
                 rows += [
                     replace(r, length_normalised=per_token and r.lengths is not None)
                     for r in names
-                    if r.kind == "choice"
+                    if r.kind == Kind.CHOICE
                 ]
             if rows:
                 splits[split] = rows

@@ -13,6 +13,7 @@ import argparse
 import json
 from pathlib import Path
 
+from typedlm.core.names import CalibrationMethod, Kind
 from typedlm.offline.loso import answers_of, calibrated
 from typedlm.offline.metrics import summarize
 from typedlm.offline.readouts import load
@@ -38,17 +39,20 @@ def main() -> None:
     print("|---|---:|---|---|---|---|---|")
     for name, entry in report["held_out"].items():
         readouts = load(Path(args.readouts) / f"{name}.held_out.jsonl")
-        by_letter = {m: summarize(calibrated(answers_of(readouts, m, 1), {})) for m in ("raw", "contextual")}
+        by_letter = {
+            m: summarize(calibrated(answers_of(readouts, m, 1), {}))
+            for m in (CalibrationMethod.RAW, CalibrationMethod.CONTEXTUAL)
+        }
         rows = entry["rows"]
-        named = _cells(rows["raw"]) if any(r.kind == "choice" for r in readouts) else "-"
+        named = _cells(rows["raw"]) if any(r.kind == Kind.CHOICE for r in readouts) else "-"
         left_out = rows["calibrated, set left out"]
         ece = f"{left_out['overall']['ece']:.3f}"
         shown = _cells(left_out, brier=True)
         if left_out["overall"]["ece"] <= TARGET_ECE:
             shown = shown.replace(f"/ {ece} /", f"/ **{ece}** /")
         print(
-            f"| {name} | {left_out['overall']['n']} | {_cells(by_letter['raw'], brier=True)} | {named} "
-            f"| {_cells(by_letter['contextual'])} | {_cells(rows['calibrated, in-set'])} | {shown} |"
+            f"| {name} | {left_out['overall']['n']} | {_cells(by_letter[CalibrationMethod.RAW], brier=True)} | {named} "
+            f"| {_cells(by_letter[CalibrationMethod.CONTEXTUAL])} | {_cells(rows['calibrated, in-set'])} | {shown} |"
         )
 
 

@@ -22,12 +22,13 @@ from pathlib import Path
 import numpy as np
 from sklearn.metrics import roc_auc_score
 
+from typedlm.core.names import CalibrationMethod, Kind
 from typedlm.offline.coherence import NEGATED
 from typedlm.offline.readouts import Readout, load
 
 
 def _logit(readout: Readout) -> float:
-    p_yes = min(max(readout.base("raw", 1)[0][0], 1e-9), 1 - 1e-9)
+    p_yes = min(max(readout.base(CalibrationMethod.RAW, 1)[0][0], 1e-9), 1 - 1e-9)
     return math.log(p_yes / (1 - p_yes))
 
 
@@ -35,7 +36,7 @@ def pairs(readouts: list[Readout]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(logit of q, logit of not q, gold: 1 where q's answer is yes) for every question recorded with its negation."""
     by_example: dict[str, dict[str, Readout]] = defaultdict(dict)
     for readout in readouts:
-        if readout.kind == "noul":
+        if readout.kind == Kind.NOUL:
             by_example[readout.example][readout.question] = readout
     asked, negated, gold = [], [], []
     for questions in by_example.values():

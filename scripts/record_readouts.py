@@ -58,6 +58,7 @@ def _record_one(job: tuple[str, str, str, str, str, str, str, int]) -> str:
     import torch
 
     from typedlm import Decider
+    from typedlm.core.names import CalibrationMethod, Kind
     from typedlm.offline.evaluate import load_examples
     from typedlm.offline.readouts import record, save
 
@@ -65,14 +66,19 @@ def _record_one(job: tuple[str, str, str, str, str, str, str, int]) -> str:
     torch.set_num_threads(1)
     start = time.perf_counter()
     options = {"choice_answers": "names" if way == "names" else "letters"}  # not the shipped file's way
-    decider = Decider.load(model, device=device, dtype="float32", calibration="raw", prompt_version=version, **options)
-    rows = record(decider, load_examples(path, "all"), name, order_reads, kinds=("choice",) if way == "names" else None)
+    decider = Decider.load(
+        model, device=device, dtype="float32", calibration=CalibrationMethod.RAW, prompt_version=version, **options
+    )
+    rows = record(
+        decider, load_examples(path, "all"), name, order_reads, kinds=(Kind.CHOICE,) if way == "names" else None
+    )
     save(Path(out) / f"{version}-{way}" / Path(path).name, rows)
     return f"{Path(path).name} {version}-{way}: {len(rows)} readouts, {time.perf_counter() - start:.0f} s"
 
 
 def record_all(args: argparse.Namespace) -> None:
     from typedlm import Decider
+    from typedlm.core.names import Kind
 
     Decider.load(args.model, device=args.device, dtype="float32")  # a GGUF is converted once, before the workers
     jobs = []
@@ -83,8 +89,8 @@ def record_all(args: argparse.Namespace) -> None:
                 continue
             examples = [json.loads(line) for line in path.open(encoding="utf-8")]
             kinds = {q.get("type") for e in examples for q in e["questions"].values()}
-            ways = [way for way in args.ways if way == "letters" or "choice" in kinds]
-            if not args.letters_for_choice and "names" in ways and kinds == {"choice"}:
+            ways = [way for way in args.ways if way == "letters" or Kind.CHOICE in kinds]
+            if not args.letters_for_choice and "names" in ways and kinds == {Kind.CHOICE}:
                 ways.remove("letters")  # only choice questions, read by name: their letters are not wanted
             for way in ways:
                 if not (Path(args.out) / f"{version}-{way}" / path.name).is_file():

@@ -47,6 +47,7 @@ import numpy as np
 
 from typedlm.calibrate.calibration import FLOOR, signature
 from typedlm.calibrate.level_fit import SHRINK, SHRINKS, LevelFit, Rows, as_rows, choose_variant, fit
+from typedlm.core.names import Kind
 from typedlm.core.questions import Question
 
 LEVELS = ("exact", "family", "kind")  # the most specific first: an answer's report names the first with labels
@@ -284,7 +285,7 @@ class Learner:
 def sample_biasable(kind: str, level: str, n: int) -> bool:
     """Whether a level may learn a bias per answer: on yes for noul everywhere; per answer at the exact level of a
     choice or score with at most `MAX_BIAS_ANSWERS` answers (elsewhere the answers differ from label to label)."""
-    return kind == "noul" or (level == "exact" and n <= MAX_BIAS_ANSWERS)
+    return kind == Kind.NOUL or (level == "exact" and n <= MAX_BIAS_ANSWERS)
 
 
 def log_loss(probs: Sequence[float], gold: int) -> float:

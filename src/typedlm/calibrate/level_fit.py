@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from typedlm.calibrate.calibration import CALIBRATOR_FEATURES, FLOOR, LOG_T_BOUNDS
+from typedlm.core.names import Kind
 
 SHRINK = 10.0  # λ: the prior's weight, in labels' worth of log loss curvature (see `learning`'s docstring)
 SHRINKS = (10.0, 1.0, 0.1)  # the weights cross-validation chooses among, with the variant
@@ -79,7 +80,7 @@ def as_rows(probs: np.ndarray, mass: np.ndarray, disagreement: np.ndarray, gold:
 def _bias_size(kind: str, n: int, biased: bool) -> int:
     if not biased:
         return 0
-    return 1 if kind == "noul" else n
+    return 1 if kind == Kind.NOUL else n
 
 
 def _size(kind: str, variant: str, n: int, biased: bool) -> int:
@@ -98,7 +99,7 @@ def _logits(kind: str, variant: str, theta: np.ndarray, biased: bool, rows: Rows
     logits = rows.log_p * scale[:, None]
     k = _size(kind, variant, rows.log_p.shape[1], False)
     if biased:
-        if kind == "noul":
+        if kind == Kind.NOUL:
             logits[:, 0] += theta[k]
         else:
             logits += theta[k:]
@@ -118,7 +119,7 @@ def _jacobian(kind: str, variant: str, theta: np.ndarray, biased: bool, rows: Ro
         k = rows.phi.shape[1]
         jac[:, :, :k] = -scaled[:, :, None] * rows.phi[:, None, :]
     if biased:
-        if kind == "noul":
+        if kind == Kind.NOUL:
             jac[:, 0, k] = 1.0
         else:
             jac[:, np.arange(n), k + np.arange(n)] = 1.0

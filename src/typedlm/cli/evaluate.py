@@ -11,8 +11,11 @@ import sys
 from pathlib import Path
 
 from typedlm.cli.common import add_eval_options, add_model_options, progress
+from typedlm.core.names import CalibrationMethod
 from typedlm.core.questions import CALIBRATION_METHODS
 from typedlm.offline.evaldata import DATASETS
+
+DEFAULT_METHODS = (CalibrationMethod.RAW, CalibrationMethod.CONTEXTUAL)  # the rows without --methods
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -42,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     examples = load_examples(args.data, args.split, args.limit, args.seed)
     if args.url:
         backend = HttpBackend(args.url, args.api_key)
-        methods = args.methods or ["raw", "contextual"]
+        methods = args.methods or list(DEFAULT_METHODS)
     else:
         from typedlm.calibrate.calibration import CalibrationFile
         from typedlm.decide.decider import Decider
@@ -54,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         if not files and not args.methods and decider.calibration_file is not None:
             files = {"fitted (shipped default)": decider.calibration_file}  # the model's default, beside raw/contextual
         backend = LocalBackend(decider, files)
-        methods = [m for m in (args.methods or ["raw", "contextual"]) if m != "fitted"]
+        methods = [m for m in (args.methods or DEFAULT_METHODS) if m != CalibrationMethod.FITTED]
     rows = evaluate(backend, examples, methods, args.order_reads, progress(f"eval {args.data}"))
     print(format_table({f"{args.data} · {row}": summary for row, summary in rows.items()}))
     if args.out:

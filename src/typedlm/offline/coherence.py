@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from typedlm.core.names import Kind
 from typedlm.offline.evaldata import Example
 
 NEGATED = "not"  # qid of a question's negation: "<qid>.not"
@@ -32,7 +33,7 @@ EXCESS_TOLERANCE = 0.02  # a conjunction more probable than its question by more
 
 def _yes_no_questions(example: Example) -> Iterable[tuple[str, dict[str, Any], bool]]:
     for qid, question in example.questions.items():
-        if question["type"] == "noul":
+        if question["type"] == Kind.NOUL:
             yield qid, question, bool(example.gold[qid])
 
 
@@ -81,7 +82,7 @@ def derive(examples: Iterable[Example]) -> list[Example]:
             questions[f"{qid}.{NEGATED}"], gold[f"{qid}.{NEGATED}"] = negation(question), not answer
             questions[f"{qid}.{CONJOINED}"], gold[f"{qid}.{CONJOINED}"] = conjunction(question), answer
         for qid, question in example.questions.items():
-            if question["type"] != "choice":
+            if question["type"] != Kind.CHOICE:
                 continue
             criteria = question["criteria"]
             options = criteria.items() if isinstance(criteria, Mapping) else ((name, "") for name in criteria)

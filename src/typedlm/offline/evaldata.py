@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from typedlm.core.names import Kind
 from typedlm.offline import corpora
 from typedlm.offline.examples import MAX_ARTICLE_CHARS, Example
 from typedlm.offline.examples import validate as validate  # imported from here too
@@ -171,10 +172,10 @@ def _from_sys1bench(row: Mapping[str, Any], source: str, id_prefix: str) -> Exam
         assert not q.get("allow_abstain"), f"{row['task_id']}.{qid}: abstaining questions are not converted"
         question: dict[str, Any] = {"type": q["type"], "instructions": q["instructions"]}
         truth = q["ground_truth"]
-        if q["type"] == "choice":
+        if q["type"] == Kind.CHOICE:
             question["criteria"] = {o["key"]: o.get("description") or None for o in q["criteria"]}
             gold[qid] = truth
-        elif q["type"] == "score":
+        elif q["type"] == Kind.SCORE:
             levels = [level["level"] for level in q["criteria"]]
             question["criteria"] = [level.get("description") or str(level["level"]) for level in q["criteria"]]
             gold[qid] = levels.index(truth)

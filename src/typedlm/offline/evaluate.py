@@ -16,6 +16,7 @@ from typing import Any
 
 from typedlm.calibrate.calibration import CalibrationFile
 from typedlm.core.errors import InvalidRequest, TypedLMError
+from typedlm.core.names import CalibrationMethod
 from typedlm.core.questions import parse_questions, parse_state
 from typedlm.offline.evaldata import DATASETS, Example, read_jsonl, sample, split
 from typedlm.offline.metrics import Prediction, summarize
@@ -95,7 +96,7 @@ class HttpBackend:
 def evaluate(
     backend,
     examples: Iterable[Example],
-    methods: Sequence[str] = ("raw",),
+    methods: Sequence[str] = (CalibrationMethod.RAW,),
     order_reads: Sequence[int] = (1,),
     progress: Callable[[Iterable], Iterable] = lambda it: it,
 ) -> dict[str, dict[str, Any]]:

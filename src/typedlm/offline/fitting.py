@@ -23,6 +23,7 @@ from typedlm.calibrate.calibration import (
     signature,
     tempered,
 )
+from typedlm.core.names import CalibrationMethod, Kind
 from typedlm.core.questions import YES, parse_questions, parse_state
 from typedlm.offline.evaldata import Example
 
@@ -87,7 +88,7 @@ def fit_platt(probs: Sequence[np.ndarray], gold_yes: Sequence[bool]) -> tuple[fl
 def fit_calibrations(
     decider,
     examples: Iterable[Example],
-    bases: Sequence[str] = ("raw",),
+    bases: Sequence[str] = (CalibrationMethod.RAW,),
     data: Mapping[str, Any] | None = None,
     progress=None,
 ) -> dict[str, CalibrationFile]:
@@ -99,9 +100,10 @@ def fit_calibrations(
     progress = progress or (lambda it: it)
     # one row per answer: (kind, question signature, probabilities under each base, gold class)
     rows: list[tuple[str, str, dict[str, Any], int]] = []
+    contextual = CalibrationMethod.CONTEXTUAL in bases
     for example in progress(list(examples)):
         questions = parse_questions(example.questions)
-        reading = decider.read(parse_state(example.state), questions, 1, contextual="contextual" in bases)
+        reading = decider.read(parse_state(example.state), questions, 1, contextual=contextual)
         for qid, question in questions.items():
             r = reading.reads[qid]
             prior = r.priors[0] if r.priors else None
@@ -112,7 +114,7 @@ def fit_calibrations(
     files = {}
     for base in bases:
         params = {}
-        for kind in ("noul", "choice", "score"):
+        for kind in Kind:
             mine = [(row[2][base], row[3]) for row in rows if row[0] == kind]
             if mine:
                 params[kind] = _fit(kind, *zip(*mine, strict=True), per_question=False)
@@ -122,7 +124,7 @@ def fit_calibrations(
             if len(mine) >= MIN_QUESTION_EXAMPLES:
                 fit = _fit(mine[0][0], [row[2][base] for row in mine], [row[3] for row in mine], per_question=True)
                 per_question[key] = {"kind": mine[0][0], "n": len(mine), **fit}
-        counts = {kind: sum(row[0] == kind for row in rows) for kind in ("noul", "choice", "score")}
+        counts = {kind: sum(row[0] == kind for row in rows) for kind in Kind}
         info = {**(data or {}), "answers": {k: n for k, n in counts.items() if n}}
         files[base] = CalibrationFile(
             decider.name, decider.fingerprint, decider.prompt_version, base, params, info, per_question
@@ -131,7 +133,7 @@ def fit_calibrations(
 
 
 def _fit(kind: str, probs: Sequence, gold: Sequence[int], per_question: bool) -> dict[str, Any]:
-    if kind == "noul":
+    if kind == Kind.NOUL:
         a, b = fit_platt(probs, [g == YES for g in gold])
         return {"a": a, "b": b}
     if per_question:
@@ -170,7 +172,7 @@ def fit_calibrator(
             logq[i, : len(q)] = np.log(np.maximum(np.asarray(q, dtype=np.float64), FLOOR))
     phi, gold_index, rows = np.asarray(features, dtype=np.float64), np.asarray(gold), np.arange(len(probs))
     dims = len(CALIBRATOR_FEATURES)
-    noul = kind == "noul" and "yes_bias" in use
+    noul = kind == Kind.NOUL and "yes_bias" in use
     w = np.ones(len(probs)) if weights is None else np.asarray(weights, dtype=np.float64)
     w = w / w.sum()  # [N]
 
@@ -206,7 +208,7 @@ def fit_calibrators(
     in its calibrator as "base" (see `CalibrationFile.base_of`); `weights`: one per answer (default: equal)."""
     out = {}
     weights = [1.0] * len(answers) if weights is None else weights
-    for kind in ("noul", "choice", "score"):
+    for kind in Kind:
         mine = [a for a in answers if a[0] == kind]
         mine_weights = [w for a, w in zip(answers, weights, strict=True) if a[0] == kind]
         if mine:

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from typedlm.calibrate.calibration import CALIBRATOR_FEATURES, calibrator_features, feature_scaled
+from typedlm.core.names import CalibrationMethod, Kind
 from typedlm.offline.coherence import coherence
 from typedlm.offline.fitting import fit_calibrators
 from typedlm.offline.metrics import Prediction, ece_floor, summarize
@@ -65,7 +66,7 @@ def set_weights(answers: Mapping[str, Sequence[Answer]]) -> dict[str, list[float
 
 def leave_one_set_out(
     readouts: Mapping[str, Mapping[str, Sequence[Readout]]],
-    base: str | Mapping[str, str] = "contextual",
+    base: str | Mapping[str, str] = CalibrationMethod.CONTEXTUAL,
     reads: int | None = 1,
     use: Sequence[str] | Mapping[str, Sequence[str]] = CALIBRATOR_FEATURES,
     scored: str = "held_out",
@@ -95,7 +96,8 @@ def leave_one_set_out(
         )
         base_answers = answers_of(held_out, base, reads)
         rows = {
-            method: summarize(calibrated(answers_of(held_out, method, reads), {})) for method in ("raw", "contextual")
+            method: summarize(calibrated(answers_of(held_out, method, reads), {}))
+            for method in (CalibrationMethod.RAW, CalibrationMethod.CONTEXTUAL)
         }
         rows["calibrated, in-set"] = summarize(calibrated(base_answers, everything))
         own = fit_calibrators(train[name], use, bases)
@@ -132,7 +134,7 @@ def left_out_negation(
     |P(q) + P(not q) − 1| with the calibrator fitted without that set (`result`: `leave_one_set_out`'s)."""
     gaps = {}
     for name, rows in derived.items():
-        rows = [r for r in rows if r.kind == "noul"]
+        rows = [r for r in rows if r.kind == Kind.NOUL]
         if name not in result or not rows:
             continue
         scores = coherence(yes_probabilities(rows, base, result[name]["calibrators"]["set left out"], reads))

@@ -40,8 +40,9 @@ from typing import Any
 import numpy as np
 
 from typedlm.calibrate.reliability import floor_eces
+from typedlm.core.names import Kind
 
-KINDS = ("noul", "choice", "score")
+KINDS = tuple(Kind)
 SUM_TOLERANCE = 1e-6
 NLL_FLOOR = 1e-12
 
@@ -56,10 +57,12 @@ class Prediction:
 
 def _check(i: int, p: Prediction) -> np.ndarray:
     if p.kind not in KINDS:
-        raise ValueError(f"prediction {i}: unknown kind {p.kind!r}, expected one of {KINDS}")
+        raise ValueError(
+            f"prediction {i}: unknown kind {p.kind!r}, expected one of {tuple(kind.value for kind in KINDS)}"
+        )
     probs = np.asarray(p.probabilities, dtype=np.float64)  # [K]
-    if probs.ndim != 1 or probs.size < 2 or (p.kind == "noul" and probs.size != 2):
-        raise ValueError(f"prediction {i}: {p.kind} needs {'2' if p.kind == 'noul' else '≥ 2'} probabilities")
+    if probs.ndim != 1 or probs.size < 2 or (p.kind == Kind.NOUL and probs.size != 2):
+        raise ValueError(f"prediction {i}: {p.kind} needs {'2' if p.kind == Kind.NOUL else '≥ 2'} probabilities")
     if not np.all(np.isfinite(probs)) or np.any(probs < 0):
         raise ValueError(f"prediction {i}: probabilities must be finite and non-negative")
     if abs(float(probs.sum()) - 1.0) > SUM_TOLERANCE:
@@ -142,7 +145,7 @@ def summarize(
     for kind in KINDS:
         m = kinds == kind
         if m.any():
-            out[kind] = _group(conf[m], correct[m], brier[m], nll[m], raw[m], bins, thresholds)
+            out[kind.value] = _group(conf[m], correct[m], brier[m], nll[m], raw[m], bins, thresholds)  # plain keys
     return out
 
 

@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from statistics import mean
 
 from typedlm.calibrate.calibration import CALIBRATOR_FEATURES
+from typedlm.core.names import CalibrationMethod, Kind
 from typedlm.offline.loso import leave_one_set_out, left_out_negation
 from typedlm.offline.metrics import KINDS
 from typedlm.offline.readouts import Readout
@@ -39,8 +40,9 @@ NEGATION_WEIGHT = 1.0  # the yes/no score's weight on the mean negation gap (bot
 # label → (base, the calibrator's parameters)
 VARIANTS: dict[str, tuple[str, tuple[str, ...]]] = {
     f"{base}, {label}{', prior weight' * with_prior}": (base, (*use, *("prior_weight",) * with_prior))
-    for base in ("raw", "contextual")
-    for with_prior in ((False, True) if base == "raw" else (False,))  # contextual divides the whole prior out
+    for base in (CalibrationMethod.RAW, CalibrationMethod.CONTEXTUAL)
+    # a prior weight on raw only: contextual divides the whole prior out
+    for with_prior in ((False, True) if base == CalibrationMethod.RAW else (False,))
     for label, use in (
         ("temperature", ("bias",)),
         ("features", CALIBRATOR_FEATURES),
@@ -75,7 +77,11 @@ def kind_scores(
     mean negation gap, `loso.left_out_negation`), the yes/no score adds NEGATION_WEIGHT × its mean over the sets."""
     scores = {}
     for kind in KINDS:
-        rows = {n: e["rows"]["calibrated, set left out"] for n, e in result.items() if kind in e["rows"]["raw"]}
+        rows = {
+            n: e["rows"]["calibrated, set left out"]
+            for n, e in result.items()
+            if kind in e["rows"][CalibrationMethod.RAW]
+        }
         if not rows:
             continue
         eces = [r[kind]["ece"] for r in rows.values()]
@@ -87,7 +93,7 @@ def kind_scores(
             "accuracy": mean(r[kind]["accuracy"] for r in rows.values()),
             "eligible": all(r[kind]["accuracy"] >= reference[n][kind] - ACCURACY_SLACK for n, r in rows.items()),
         }
-        if kind == "noul" and negation:
+        if kind == Kind.NOUL and negation:
             scores[kind]["negation"] = mean(negation.values())
             scores[kind]["score"] += NEGATION_WEIGHT * scores[kind]["negation"]
     return scores
@@ -106,16 +112,19 @@ def score_variants(
         for answers_by, by_format in formats.items():
             if answers_by != "letters":  # another way of answering choice questions: only their answers are fitted
                 by_format = {
-                    name: {split: [r for r in rows if r.kind == "choice"] for split, rows in splits.items()}
+                    name: {split: [r for r in rows if r.kind == Kind.CHOICE] for split, rows in splits.items()}
                     for name, splits in by_format.items()
-                    if any(r.kind == "choice" for r in splits["train"])
+                    if any(r.kind == Kind.CHOICE for r in splits["train"])
                 }
             for variant, (base, use) in VARIANTS.items():
                 if answers_by != "letters" and "yes_bias" in use:  # a bias on yes changes no choice answer
                     continue
                 result = leave_one_set_out(by_format, base, reads, use, scored="train", balanced=balanced)
                 if not reference:  # raw, letters, one read: the accuracy floor's reference
-                    reference = {name: by_kind(entry["rows"]["raw"], "accuracy") for name, entry in result.items()}
+                    reference = {
+                        name: by_kind(entry["rows"][CalibrationMethod.RAW], "accuracy")
+                        for name, entry in result.items()
+                    }
                 negation = left_out_negation(derived, result, base, reads) if answers_by == "letters" else None
                 scores = kind_scores(result, reference, negation)
                 label = variant if answers_by == "letters" else f"{answers_by}: {variant}"
@@ -148,12 +157,12 @@ def best_choice(by_label: Mapping[str, Scores]) -> str:
     """Choice questions: the best variant of each way of answering them, then the way whose variant has the
     lowest log loss. ECE alone cannot compare them: a model that answers at chance can be calibrated, and
     answering by name may be far more accurate (Qwen 0.5B on bbc_news: 0.30 by letter, 0.76 by name)."""
-    ways = {variant_of(label)[0] for label in by_label if "choice" in by_label[label]}
-    candidates = [best({k: v for k, v in by_label.items() if variant_of(k)[0] == way}, "choice") for way in ways]
+    ways = {variant_of(label)[0] for label in by_label if Kind.CHOICE in by_label[label]}
+    candidates = [best({k: v for k, v in by_label.items() if variant_of(k)[0] == way}, Kind.CHOICE) for way in ways]
     candidates = [label for label in candidates if label is not None]  # a way with no eligible variant is out
     if not candidates:
         return FALLBACK_VARIANT
-    return min(candidates, key=lambda label: by_label[label]["choice"]["nll"])
+    return min(candidates, key=lambda label: by_label[label][Kind.CHOICE]["nll"])
 
 
 def choose(
@@ -162,7 +171,7 @@ def choose(
     """(the chosen setting, its plan: kind → variant label, every setting's score: its plan's mean score)."""
     plans = {
         setting: {
-            kind: best_choice(by_label) if kind == "choice" else best(by_label, kind) or FALLBACK_VARIANT
+            kind: best_choice(by_label) if kind == Kind.CHOICE else best(by_label, kind) or FALLBACK_VARIANT
             for kind in next(iter(by_label.values()))
         }
         for setting, by_label in selection.items()

@@ -25,6 +25,7 @@ import numpy as np
 
 from typedlm.calibrate.calibration import CALIBRATOR_FEATURES
 from typedlm.calibrate.learning import Learner, Sample, question_keys
+from typedlm.core.names import CalibrationMethod
 from typedlm.core.questions import Question
 from typedlm.offline.fitting import fit_calibrators, fit_temperature
 from typedlm.offline.loso import answers_of, calibrated, set_weights
@@ -131,7 +132,7 @@ def simulate(
         }
         train = _samples(splits["train"], fitted[name]["train"], bases, reads)
         held = _samples(splits["held_out"], fitted[name]["held_out"], bases, reads)
-        raw = calibrated(answers_of(splits["held_out"], "raw", reads), {})
+        raw = calibrated(answers_of(splits["held_out"], CalibrationMethod.RAW, reads), {})
         curve = {}
         for k in ks:
             runs = []

@@ -20,6 +20,7 @@ from typing import Any
 
 from typedlm.core.bounded import BoundedCache, ids_bytes, texts_bytes
 from typedlm.core.errors import ModelError
+from typedlm.core.names import Kind
 from typedlm.core.questions import MAX_CHARS_PER_TOKEN, Question
 
 TokenSeq = tuple[int, ...]
@@ -50,9 +51,9 @@ def score_labels(n: int) -> list[str]:
 
 # each question kind's surface forms, one group per answer, for n answers
 LABEL_FORMS = {
-    "noul": lambda n: NOUL_FORMS,
-    "choice": lambda n: [[label] for label in choice_labels(n)],
-    "score": lambda n: [[label] for label in score_labels(n)],
+    Kind.NOUL: lambda n: NOUL_FORMS,
+    Kind.CHOICE: lambda n: [[label] for label in choice_labels(n)],
+    Kind.SCORE: lambda n: [[label] for label in score_labels(n)],
 }
 
 
@@ -146,7 +147,7 @@ class Labeler:
         return LabelSet.build(token_groups)
 
     @cache  # noqa: B019 - a Labeler lives as long as its model
-    def labels(self, kind: str, n: int) -> LabelSet:
+    def labels(self, kind: Kind, n: int) -> LabelSet:
         """The label set of a question of `kind` with `n` answers, built once per kind and size."""
         return self.label_set(LABEL_FORMS[kind](n))
 
@@ -197,7 +198,7 @@ class Labeler:
 
     def verify(self, max_options: int, max_levels: int) -> None:
         """Build the largest label sets once, so a tokenizer that cannot serve them fails at load time."""
-        self.labels("noul", 2)
-        self.labels("choice", min(max_options, 26))
-        self.labels("choice", max_options)
-        self.labels("score", max_levels)
+        self.labels(Kind.NOUL, 2)
+        self.labels(Kind.CHOICE, min(max_options, 26))
+        self.labels(Kind.CHOICE, max_options)
+        self.labels(Kind.SCORE, max_levels)

@@ -33,6 +33,7 @@ import numpy as np
 
 from typedlm.core.bounded import BoundedCache, text_bytes
 from typedlm.core.errors import ModelError
+from typedlm.core.names import Kind
 from typedlm.core.questions import ChoiceQuestion, NoulQuestion, Question, ScoreQuestion, Text
 from typedlm.text.cut import Cut, CutTokenizer, common_prefix_length
 from typedlm.text.labels import choice_labels, score_labels
@@ -148,7 +149,7 @@ def _score_lines(question: ScoreQuestion, words: Wording) -> list[str]:
     return lines
 
 
-_QUESTION_LINES = {"noul": _noul_lines, "choice": _choice_lines, "score": _score_lines}  # by question kind
+_QUESTION_LINES = {Kind.NOUL: _noul_lines, Kind.CHOICE: _choice_lines, Kind.SCORE: _score_lines}
 
 
 def question_block(question: Question, version: str = PROMPT_VERSION) -> str:
