@@ -14,6 +14,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from typedlm.core.names import CalibrationMethod
 from typedlm.offline.loso import answers_of, calibrated
 from typedlm.offline.metrics import reliability_plot, summarize
 from typedlm.offline.readouts import load
@@ -44,8 +45,9 @@ def main() -> int:
     for name, entry in report["held_out"].items():
         readouts = load(Path(args.readouts) / f"{name}.held_out.jsonl")
         calibrators = entry["calibrators"]["set left out"]
-        bases = {kind: params.get("base", "contextual") for kind, params in calibrators.items()}
-        raw += calibrated(answers_of(readouts, "raw", 1), {})  # raw: options read by letter, as without a file
+        bases = {kind: params.get("base", CalibrationMethod.CONTEXTUAL) for kind, params in calibrators.items()}
+        # raw: options read by letter, as without a file
+        raw += calibrated(answers_of(readouts, CalibrationMethod.RAW, 1), {})
         default += calibrated(answers_of(_as_answered(readouts, report, args, name), bases, reads), calibrators)
     for label, predictions in (("raw", raw), ("default", default)):
         path = reliability_plot(
