@@ -9,11 +9,6 @@ from dataclasses import dataclass
 
 from typedlm.core.questions import Question
 
-# How choice options are answered: by letter (A, B, ...), by their own names, or by their names with each name's
-# mass length-normalised (see calibration.per_token). A question whose names cannot be read (Labeler.can_name) is
-# read by letter whatever the setting.
-CHOICE_ANSWERS = ("letters", "names", "names_per_token")
-
 
 @dataclass(frozen=True)
 class Reads:

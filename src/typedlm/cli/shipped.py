@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
+from typedlm.core.names import CalibrationMethod
 from typedlm.offline import shipped
 
 if TYPE_CHECKING:
@@ -29,7 +30,9 @@ def load_decider(model: str | None, choice_answers: str, prompt_version: str) ->
     whatever the model's shipped file reads them by."""
     from typedlm.decide.decider import Decider
 
-    return Decider.load(model, calibration="raw", choice_answers=choice_answers, prompt_version=prompt_version)
+    return Decider.load(
+        model, calibration=CalibrationMethod.RAW, choice_answers=choice_answers, prompt_version=prompt_version
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from statistics import mean
 
 from typedlm.calibrate.calibration import CALIBRATOR_FEATURES
-from typedlm.core.names import CalibrationMethod, Kind
+from typedlm.core.names import CalibrationMethod, ChoiceAnswers, Kind
 from typedlm.offline.loso import leave_one_set_out, left_out_negation
 from typedlm.offline.metrics import KINDS
 from typedlm.offline.readouts import Readout
@@ -110,14 +110,16 @@ def score_variants(
     for setting, (reads, balanced) in settings.items():
         selection[setting] = {}
         for answers_by, by_format in formats.items():
-            if answers_by != "letters":  # another way of answering choice questions: only their answers are fitted
+            if (
+                answers_by != ChoiceAnswers.LETTERS
+            ):  # another way of answering choice questions: only their answers are fitted
                 by_format = {
                     name: {split: [r for r in rows if r.kind == Kind.CHOICE] for split, rows in splits.items()}
                     for name, splits in by_format.items()
                     if any(r.kind == Kind.CHOICE for r in splits["train"])
                 }
             for variant, (base, use) in VARIANTS.items():
-                if answers_by != "letters" and "yes_bias" in use:  # a bias on yes changes no choice answer
+                if answers_by != ChoiceAnswers.LETTERS and "yes_bias" in use:  # a bias on yes changes no choice answer
                     continue
                 result = leave_one_set_out(by_format, base, reads, use, scored="train", balanced=balanced)
                 if not reference:  # raw, letters, one read: the accuracy floor's reference
@@ -125,9 +127,11 @@ def score_variants(
                         name: by_kind(entry["rows"][CalibrationMethod.RAW], "accuracy")
                         for name, entry in result.items()
                     }
-                negation = left_out_negation(derived, result, base, reads) if answers_by == "letters" else None
+                negation = (
+                    left_out_negation(derived, result, base, reads) if answers_by == ChoiceAnswers.LETTERS else None
+                )
                 scores = kind_scores(result, reference, negation)
-                label = variant if answers_by == "letters" else f"{answers_by}: {variant}"
+                label = variant if answers_by == ChoiceAnswers.LETTERS else f"{answers_by}: {variant}"
                 selection[setting][label] = scores
                 line = "  ".join(
                     f"{kind} ece {v['ece_mean']:.3f}/{v['ece_worst']:.3f}"
@@ -150,7 +154,7 @@ def best(by_label: Mapping[str, Scores], kind: str) -> str | None:
 def variant_of(label: str) -> tuple[str, str]:
     """(how choice options are answered, the calibrator variant) of a selection label."""
     answers_by, _, variant = label.rpartition(": ")
-    return answers_by or "letters", variant
+    return answers_by or ChoiceAnswers.LETTERS, variant
 
 
 def best_choice(by_label: Mapping[str, Scores]) -> str:

@@ -66,6 +66,7 @@ from pathlib import Path
 from typing import Any
 
 from typedlm.calibrate.calibration import CalibrationFile
+from typedlm.core.names import CalibrationMethod, ChoiceAnswers, Kind
 from typedlm.offline.coherence import negations
 from typedlm.offline.evaluate import load_examples
 from typedlm.offline.fitting import fit_calibrators
@@ -133,7 +134,7 @@ def main(args: argparse.Namespace, load_decider: DeciderLoader) -> int:
         0 (the exit status).
     """
     # by letter whatever the model's shipped file reads choices by: the readouts are what every variant starts from
-    decider = load_decider(args.model, "letters", args.prompt_version)
+    decider = load_decider(args.model, ChoiceAnswers.LETTERS, args.prompt_version)
     folder = Path(args.readouts)
     readouts = {}
     for name in args.sets:
@@ -144,7 +145,7 @@ def main(args: argparse.Namespace, load_decider: DeciderLoader) -> int:
                 save(path, record(decider, load_examples(name, split, args.limit, 0), name, args.order_reads))
                 print(f"recorded {path}", file=sys.stderr, flush=True)
             readouts[name][split] = load(path)
-    formats = {"letters": readouts}  # how choice options are answered → the readouts read that way
+    formats = {ChoiceAnswers.LETTERS: readouts}  # how choice options are answered → the readouts read that way
     if args.name_readouts:
         formats.update(_named(args, readouts, load_decider))
     derived = _negation_readouts(args, decider) if args.coherence_readouts else {}
@@ -156,7 +157,7 @@ def main(args: argparse.Namespace, load_decider: DeciderLoader) -> int:
     reads, balanced = by_setting[setting]
     bases = {kind: VARIANTS[variant_of(label)[1]][0] for kind, label in plan.items()}
     uses = {kind: VARIANTS[variant_of(label)[1]][1] for kind, label in plan.items()}
-    choice_answers = variant_of(plan["choice"])[0] if "choice" in plan else "letters"
+    choice_answers = variant_of(plan[Kind.CHOICE])[0] if Kind.CHOICE in plan else ChoiceAnswers.LETTERS
     readouts = formats[choice_answers]
     chosen = f"{setting}; " + "; ".join(f"{kind}: {label}" for kind, label in plan.items())
     print(
@@ -237,8 +238,9 @@ def _print_held_out(title: str, result: dict) -> None:
     print("|---|---:|---:|---:|---:|---:|---:|")
     for name, entry in result.items():
         rows, floor = entry["rows"], entry["ece_floor"]
+        answers = rows[CalibrationMethod.RAW]["overall"]["n"]
         print(
-            f"| {name} | {rows['raw']['overall']['n']} | {rows['calibrated, set left out']['overall']['ece']:.3f} "
+            f"| {name} | {answers} | {rows['calibrated, set left out']['overall']['ece']:.3f} "
             f"| {rows['calibrated, own set']['overall']['ece']:.3f} | {floor['mean']:.3f} | {floor['p90']:.3f} "
             f"| {floor['share_at_most_0.05']:.2f} |"
         )
@@ -270,14 +272,14 @@ def _named(args: argparse.Namespace, readouts: dict, load_decider: DeciderLoader
     for name, splits in readouts.items():
         named[name] = {}
         for split, rows in splits.items():
-            if not any(r.kind == "choice" for r in rows):
+            if not any(r.kind == Kind.CHOICE for r in rows):
                 named[name][split] = rows
                 continue
             path = folder / f"{name}.{split}.jsonl"
             if not path.is_file():
-                decider = decider or load_decider(args.model, "names", args.prompt_version)
+                decider = decider or load_decider(args.model, ChoiceAnswers.NAMES, args.prompt_version)
                 examples = load_examples(name, split, args.limit, 0)
-                save(path, record(decider, examples, name, args.order_reads, kinds=("choice",)))
+                save(path, record(decider, examples, name, args.order_reads, kinds=(Kind.CHOICE,)))
                 print(f"recorded {path}", file=sys.stderr, flush=True)
             by_answer = {(r.example, r.question): r for r in load(path)}
             named[name][split] = [by_answer.get((r.example, r.question), r) for r in rows]
@@ -285,4 +287,4 @@ def _named(args: argparse.Namespace, readouts: dict, load_decider: DeciderLoader
         name: {split: [replace(r, length_normalised=r.lengths is not None) for r in rows] for split, rows in s.items()}
         for name, s in named.items()
     }
-    return {"names": named, "names_per_token": per_token}
+    return {ChoiceAnswers.NAMES: named, ChoiceAnswers.NAMES_PER_TOKEN: per_token}
