@@ -58,6 +58,8 @@ lint: install-dev
 	$(VENV)/bin/ruff format --check src tests benchmarks examples scripts
 	$(VENV)/bin/lint-imports
 
+# jevcompat against `typedlm serve`: with auth off, with a key, and as two replicas on Ray Serve with the key, each
+# on a server of its own (scripts/conformance.sh)
 conformance: install-dev
 	VENV=$(VENV) bash scripts/conformance.sh
 
@@ -66,10 +68,13 @@ conformance: install-dev
 # both are done, and either failing fails the target. Every process runs torch on one CPU thread: with pytest's
 # workers (one per core) and the servers beside them, a model's second OpenMP worker is often waiting for a core,
 # and each of a forward's operators then waits for it (a 46-token forward of the embedded model took 3.6-9.4 s
-# with two threads beside a busy process, 0.19-0.28 s with one).
+# with two threads beside a busy process, 0.19-0.28 s with one). The suite's replicas run is one of the replicas'
+# tests (tests/replicas/test_replicas.py), against the Ray Serve replicas with a key that they start anyway: here
+# conformance.sh runs only the single server with auth off and with a key, which pass every requirement between them.
 test: lint
 	@export OMP_NUM_THREADS=1; \
-	VENV=$(VENV) bash scripts/conformance.sh > $(VENV)/conformance.log 2>&1 & conformance=$$!; \
+	CONFORMANCE_RUNS="open keyed" VENV=$(VENV) bash scripts/conformance.sh > $(VENV)/conformance.log 2>&1 & \
+	conformance=$$!; \
 	echo "pytest, and beside it the conformance suite (scripts/conformance.sh)"; \
 	$(PY) -m pytest -q -n auto --dist loadfile --no-loadscope-reorder; tests=$$?; \
 	wait $$conformance; suite=$$?; cat $(VENV)/conformance.log; \

@@ -4,25 +4,29 @@ The pieces first, against independent references: a forwarded request run throug
 the same app over real HTTP (uvicorn); document keys; /health and /metrics merged. Then the real thing: `typedlm
 serve --replicas 2` on a local Ray with the embedded model: the affinity workload (20 documents x 5 visits), answers
 equal to the model in process, errors equal to the single server's, metrics of every replica, a burst past the
-replicas' limit answered 503, feedback shared through one database (one deployment for all of them: each start of
-Ray Serve costs tens of seconds). (jevcompat runs against it too: scripts/conformance.sh.)
+replicas' limit answered 503, the independent conformance suite jevcompat with the API key (`make test` runs it
+here, not in scripts/conformance.sh), feedback shared through one database (one deployment with the key for all of
+them: each start of Ray Serve costs tens of seconds).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gzip
 import importlib
 import json
 import os
 import re
+import runpy
 import signal
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -158,6 +162,16 @@ def test_metrics_of_every_replica_in_one_exposition():
 
 # --- the real thing: `typedlm serve --replicas 2` on a local Ray, the embedded model ---
 
+KEY = "replicas-key"  # the replicas require it, so that jevcompat's auth requirements are exercised on them too
+AUTH = {"Authorization": f"Bearer {KEY}"}
+# Ray Serve's controller gives a starting proxy 5 s to report ready (RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S, read in
+# ray/serve/_private/constants.py) and after three misses kills it (proxy_state.py), and with it `serve.start`, which
+# waits on that proxy: `typedlm serve` exits. Beside the other tests on two cores a proxy can take longer than those
+# 15 s. Here each check waits 60 s, so that the one deadline left is `serve.start`'s own 60 s (HTTP_PROXY_TIMEOUT,
+# fixed in Ray); and the proxy's health checks after it as long (RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S, 10 s: after
+# three misses the proxy is restarted, and requests meet a closed port meanwhile).
+RAY_PATIENCE = {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60", "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "60"}
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -172,7 +186,8 @@ def _serving(log: Path, *options: str):
     port = _free_port()
     command = [sys.executable, "-m", "typedlm.cli", "serve", "--port", str(port), *options]
     with log.open("w") as sink:
-        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+        env = {**os.environ, **RAY_PATIENCE}
+        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 240
@@ -203,6 +218,7 @@ def replicas_url(tmp_path_factory):
     # one request at a time per replica (and as many waiting at the ingress), so that a burst meets the limit;
     # every other test here sends one request at a time
     options = ("--replicas", "2", "--cpus-per-replica", "1", "--max-queue", "1", "--feedback-db", str(feedback))
+    options += ("--api-key", KEY)
     with _serving(log, *options) as url:
         yield url
 
@@ -211,10 +227,13 @@ def _benchmark():
     return importlib.import_module("benchmarks.affinity")
 
 
-def test_repeated_documents_go_to_the_replica_that_has_them(replicas_url):
+def test_repeated_documents_go_to_the_replica_that_has_them(replicas_url, monkeypatch):
     """20 documents, each asked 5 times in shuffled order: every visit after a document's first hits its replica's
     prefix cache (at least 78 of the 80 possible; random routing gets about 61: benchmarks/affinity.py)."""
-    result = _benchmark().measure(replicas_url, documents=20, visits=5, seed=1)
+    benchmark = _benchmark()
+    # the benchmark's client, sending the key
+    monkeypatch.setattr(benchmark, "httpx", SimpleNamespace(Client=functools.partial(httpx.Client, headers=AUTH)))
+    result = benchmark.measure(replicas_url, documents=20, visits=5, seed=1)
     assert result["replicas"] == 2
     assert result["hits"] >= 78, result
     assert result["hits"] + result["partial_hits"] + result["misses"] == 100
@@ -232,7 +251,7 @@ def test_replicas_answer_as_the_model_in_process(replicas_url, real_decider):
     }
     for state in ("The parcel came broken and nobody answers.", {"ticket": 4, "text": "Thanks, all good now!"}):
         body = {"state": state, "questions": questions, "x_calibration": "raw", "x_order_reads": 1}
-        response = httpx.post(f"{replicas_url}/v1/systemone", json=body, timeout=120)
+        response = httpx.post(f"{replicas_url}/v1/systemone", json=body, headers=AUTH, timeout=120)
         assert response.status_code == 200, response.text
         got, want = response.json()["answers"], real_decider.respond(body)["answers"]
         assert _numbers(got) == pytest.approx(_numbers(want), abs=1e-5)
@@ -257,7 +276,7 @@ BAD = [
 
 
 def test_bad_requests_get_the_single_servers_answers(replicas_url, server_url):
-    with httpx.Client(timeout=60) as client:
+    with httpx.Client(headers=AUTH, timeout=60) as client:  # the single server's auth is off: it ignores the key
         for method, path, headers, body in BAD:
             want = client.request(method, server_url + path, headers=headers, content=body)
             got = client.request(method, replicas_url + path, headers=headers, content=body)
@@ -300,7 +319,7 @@ def test_more_requests_than_the_replicas_take_get_503_with_retry_after(replicas_
     once on new documents, the rest get 503 with Retry-After in the route's own error shape, never another 5xx."""
 
     async def burst(path: str, body) -> list[httpx.Response]:
-        async with httpx.AsyncClient(base_url=replicas_url, timeout=120) as client:
+        async with httpx.AsyncClient(base_url=replicas_url, headers=AUTH, timeout=120) as client:
             return await asyncio.gather(*(client.post(path, json=body(i)) for i in range(10)))
 
     one = asyncio.run(burst("/v1/systemone", lambda i: {"state": f"ticket {i} " * 100, "questions": QUESTIONS}))
@@ -313,6 +332,24 @@ def test_more_requests_than_the_replicas_take_get_503_with_retry_after(replicas_
             assert "busy" in json.dumps(busy.json()[shape])
 
 
+def test_jevcompat_passes_against_the_replicas_with_the_key(replicas_url, tmp_path):
+    """The independent conformance suite, as scripts/conformance.sh runs it against a single server, judged by
+    scripts/check_conformance.py's rule: no requirement fails (that each passes in some run is the open and keyed
+    runs' part), and jevcompat finished every case (none aborted, errored or timed out). Before the feedback test: the
+    labels posted there are used for every noul question after it (they count for the question's kind too)."""
+    pytest.importorskip("jevcompat")
+    judge = runpy.run_path(str(Path(__file__).parents[2] / "scripts" / "check_conformance.py"))["judge"]
+    out = tmp_path / "replicas.json"
+    jevcompat = Path(sys.executable).with_name("jevcompat")
+    command = [str(jevcompat), "test", replicas_url, "--key", KEY, "--timeout", "300", "--json", str(out)]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=1800)
+    assert out.exists(), run.stdout + run.stderr
+    report = json.loads(out.read_text())
+    verdict = judge([report])
+    assert not verdict.failed, "\n".join([*verdict.lines(), run.stdout[-8000:]])
+    assert report["summary"]["verdict"] == "conformant", run.stdout[-8000:]
+
+
 def test_feedback_posted_to_one_replica_is_used_by_both(replicas_url):
     """Gold answers posted through the ingress land on one replica (its document's); the other learns them from the
     shared database within its poll (1 s). Questions of a family no other test asks, so their answers are unmoved."""
@@ -320,7 +357,7 @@ def test_feedback_posted_to_one_replica_is_used_by_both(replicas_url):
     posts = [("My parcel never came.", True), ("The invoice total is wrong.", False), ("Delivery was late.", True)]
     for document, gold in posts:
         body = {"state": document, "questions": {"delivery": question}, "gold": {"delivery": gold}}
-        reply = httpx.post(f"{replicas_url}/v1/systemone/feedback", json=body, timeout=120)
+        reply = httpx.post(f"{replicas_url}/v1/systemone/feedback", json=body, headers=AUTH, timeout=120)
         assert reply.status_code == 200, reply.text
         assert reply.json()["x_feedback_stored"] == 1
     deadline = time.monotonic() + 30
@@ -333,5 +370,6 @@ def test_feedback_posted_to_one_replica_is_used_by_both(replicas_url):
     assert learned == [3, 3], health
     for document in ("Is my package on its way?", "Nothing arrived today.", "Thanks for the quick shipping!"):
         body = {"state": document, "questions": {"delivery": question}}
-        answer = httpx.post(f"{replicas_url}/v1/systemone", json=body, timeout=120).json()["answers"]["delivery"]
+        reply = httpx.post(f"{replicas_url}/v1/systemone", json=body, headers=AUTH, timeout=120)
+        answer = reply.json()["answers"]["delivery"]
         assert answer["x_feedback"] == {"level": "exact", "labels": 3}
