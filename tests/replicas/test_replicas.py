@@ -299,6 +299,7 @@ def test_the_application_builder_takes_serve_runs_key_value_args(monkeypatch):
     pytest.importorskip("ray.serve")
     from pydantic import ValidationError
 
+    from typedlm.decide.config import served_config
     from typedlm.replicas.app import ReplicaArgs, app_builder
 
     monkeypatch.setenv("TYPEDLM_API_KEYS", "from-env")
@@ -308,8 +309,8 @@ def test_the_application_builder_takes_serve_runs_key_value_args(monkeypatch):
     options = seen["options"]
     assert isinstance(options, ReplicaArgs)
     assert (options.replicas, options.max_queue, options.on_gpu, options.affinity) == (3, 4, True, False)
-    assert options.api_keys == ["k", "from-env"]
-    assert options.decider_options()["prefix_cache_bytes"] == 1024 << 20
+    assert options.api_keys == ("k", "from-env")
+    assert served_config(options).prefix_cache_bytes == 1024 << 20
     with pytest.raises(ValidationError):
         app_builder({"replicas": "0"})
 
