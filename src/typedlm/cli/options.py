@@ -110,7 +110,7 @@ def settings_from_args(
     if "feedback_db" in values:
         values["feedback_db"] = feedback_path(values["feedback_db"])
     try:
-        return kind(**values, **more)
+        return kind(**{**values, **more})
     except ValidationError as exc:
         error = exc.errors()[0]
         name = str(error["loc"][0]) if error["loc"] else ""
