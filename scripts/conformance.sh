@@ -23,7 +23,7 @@ run() {  # run NAME [serve options] -- [jevcompat options]
   local serve=() suite=()
   while [ "$1" != "--" ]; do serve+=("$1"); shift; done; shift
   suite=("$@")
-  "$VENV/bin/typedlm" serve --port "$port" "${serve[@]}" >"$out/$name.server.log" 2>&1 &
+  "$VENV/bin/typedlm" serve --model smollm2-135m --port "$port" "${serve[@]}" >"$out/$name.server.log" 2>&1 &
   pid=$!
   for _ in $(seq 240); do
     curl -fs "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break

@@ -45,6 +45,9 @@ FAMILIES = ("qwen3", "llama", "gemma3")
 # Servers the tests start keep no feedback unless a test gives them a database of its own: gold answers a developer
 # posted to this machine's default database would otherwise change their answers.
 os.environ["TYPEDLM_FEEDBACK_DB"] = "none"
+# The commands the tests start serve the embedded model, whatever else this machine has installed (without --model a
+# command serves the best named model installed); a test about another model names it.
+os.environ["TYPEDLM_MODEL"] = "smollm2-135m"
 
 # Under pytest-xdist (`make test` runs one worker per core) every worker shares the cores: torch's threads are split
 # between them, so that two workers on two cores do not each run two threads.

@@ -24,8 +24,10 @@ def run(args: argparse.Namespace) -> int:
 
     request = parse_request(read_body(args.file))  # validate before the (slow) model load and torch's import
     from typedlm.decide.decider import Decider
+    from typedlm.decide.startup import chosen_default
 
-    decider = Decider.load(args.model, args.device, args.dtype, **calibration_kwargs(args))
+    model = args.model or chosen_default()
+    decider = Decider.load(model, args.device, args.dtype, **calibration_kwargs(args))
     served = (decider.name, *aliases(decider.name))
     if request.model is not None and request.model not in served:  # as the server answers it (404)
         raise InvalidRequest(f"unknown model {request.model!r}; this model answers to: {', '.join(served)}", ("model",))

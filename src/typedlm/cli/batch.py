@@ -10,7 +10,6 @@ from pathlib import Path
 
 from typedlm.cli.common import add_calibration_options, add_model_options, aliases, calibration_kwargs, read_body
 from typedlm.core.errors import InvalidRequest
-from typedlm.runtime.models import EMBEDDED_MODEL
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -59,19 +58,22 @@ def run(args: argparse.Namespace) -> int:
     def progress(rows, total, done):
         return tqdm(rows, total=total, initial=done, unit="row", disable=not args.progress, file=sys.stderr)
 
+    from typedlm.decide.startup import chosen_default
+
+    model = args.model or chosen_default()
     if args.ray:
         if args.workers < 1:
             raise InvalidRequest("--workers must be at least 1")
         from typedlm.jobs.ray_batch import run_batch_on_ray
 
         on_cpu = not args.device.startswith("cuda")
-        options = {"model": args.model, "device": args.device, "dtype": args.dtype, **calibration_kwargs(args)}
+        options = {"model": model, "device": args.device, "dtype": args.dtype, **calibration_kwargs(args)}
         summary = run_batch_on_ray(
             args.input,
             args.out,
             {**options, "threads": 1 if on_cpu else 0},  # on CPUs an actor has one core
             questions=questions,
-            aliases=aliases(args.model or EMBEDDED_MODEL),
+            aliases=aliases(model),
             workers=args.workers,
             address=args.ray_address,
             progress=progress,
@@ -80,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
         from typedlm.decide.decider import Decider
         from typedlm.jobs.batch import run_batch
 
-        decider = Decider.load(args.model, args.device, args.dtype, **calibration_kwargs(args))
+        decider = Decider.load(model, args.device, args.dtype, **calibration_kwargs(args))
         summary = run_batch(
             decider, args.input, args.out, questions=questions, aliases=aliases(decider.name), progress=progress
         )

@@ -32,7 +32,9 @@ def run(args: argparse.Namespace) -> int:
     from typedlm.offline.fitting import fit_calibrations
 
     examples = [e for data in args.data for e in load_examples(data, args.split, args.limit, args.seed)]
-    decider = Decider.load(args.model, args.device, args.dtype)
+    from typedlm.decide.startup import chosen_default
+
+    decider = Decider.load(args.model or chosen_default(), args.device, args.dtype)
     data = {"sets": args.data, "split": args.split, "seed": args.seed, "limit": args.limit, "examples": len(examples)}
     files = fit_calibrations(decider, examples, args.base, data, progress("calibrate"))
     out = Path(args.out)

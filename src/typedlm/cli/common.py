@@ -33,8 +33,8 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
         defaults={"model": os.environ.get(MODEL_ENV)},
         more_help={
             "model": f"named: {', '.join(m.aliases[0] for m in NAMED_MODELS)} (see `typedlm models`); the default is "
-            f"the embedded {EMBEDDED_MODEL} (${MODEL_ENV} sets another); with internet {RECOMMENDED_MODEL} is "
-            "recommended"
+            f"the best of them installed, else the embedded {EMBEDDED_MODEL} (${MODEL_ENV} sets another); with "
+            f"internet {RECOMMENDED_MODEL} also works"
         },
     )
 

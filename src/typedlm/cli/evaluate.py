@@ -53,7 +53,9 @@ def run(args: argparse.Namespace) -> int:
         files = {f"fitted ({Path(path).stem})": CalibrationFile.load(path) for path in args.calibration_file}
         if len(files) == 1:
             files = {f"fitted ({file.base})": file for file in files.values()}
-        decider = Decider.load(args.model, args.device, args.dtype)
+        from typedlm.decide.startup import chosen_default
+
+        decider = Decider.load(args.model or chosen_default(), args.device, args.dtype)
         if not files and not args.methods and decider.calibration_file is not None:
             files = {"fitted (shipped default)": decider.calibration_file}  # the model's default, beside raw/contextual
         backend = LocalBackend(decider, files)

@@ -20,7 +20,7 @@ from typedlm.cli.common import EXIT_MODEL, add_calibration_options, add_model_op
 from typedlm.cli.options import add_settings_options, option_fields, settings_from_args
 from typedlm.core.errors import InvalidRequest, TypedLMError
 from typedlm.core.settings import FEEDBACK_DB_ENV
-from typedlm.runtime.models import EMBEDDED_MODEL
+from typedlm.runtime.catalog import default_model
 
 MODEL_OPTIONS = ("model", "device", "dtype")  # added by `add_model_options`, as other commands have them
 CALIBRATION_OPTIONS = ("calibration", "calibration_file", "order_reads")
@@ -160,7 +160,7 @@ def serve_replicas(args: argparse.Namespace) -> int:
         ray_serve.run(build_app(options), name=APP_NAME, route_prefix="/", blocking=False)
         auth = f"{len(options.api_keys)} API key(s)" if options.api_keys else "auth off"
         print(
-            f"typedlm: serving {args.replicas} replicas of {args.model or EMBEDDED_MODEL} on "
+            f"typedlm: serving {args.replicas} replicas of {options.model or default_model().name} on "
             f"http://{options.host}:{options.port} (Ray Serve, routed by document, {auth}; ready in "
             f"{time.perf_counter() - started:.1f} s)",
             file=sys.stderr,
