@@ -15,34 +15,10 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import replace
 from pathlib import Path
 
-from typedlm.calibrate.calibration import shipped_calibration
-from typedlm.core.names import CalibrationMethod, Kind
-from typedlm.core.questions import parse_question
-from typedlm.offline.readouts import load
-from typedlm.offline.simulation import KS, SEEDS, ShippedVariant, simulate, verdicts
-from typedlm.runtime.catalog import named_model
-
-
-def _load(folder: Path, name: str, split: str):
-    for suffix in (".jsonl.gz", ".jsonl"):
-        path = folder / f"{name}.{split}{suffix}"
-        if path.is_file():
-            return load(path)
-    return None
-
-
-def _questions(examples: Path, name: str) -> dict:
-    out = {}
-    for split in ("train", "held_out"):
-        with (examples / f"{name}.{split}.jsonl").open(encoding="utf-8") as f:
-            for line in f:
-                example = json.loads(line)
-                for qid, raw in example["questions"].items():
-                    out[(example["id"], qid)] = parse_question(raw, ("questions", qid))
-    return out
+from typedlm.offline.simulation import KS, SEEDS, simulate, verdicts
+from typedlm.offline.simulation_inputs import SimulationInputs
 
 
 def plot(report: dict, path: Path, title: str) -> None:
@@ -82,40 +58,13 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=SEEDS, help=f"orders of the stream averaged (default {SEEDS})")
     parser.add_argument("--ks", type=int, nargs="+", default=list(KS))
     args = parser.parse_args()
-    named = named_model(args.model)
-    shipped = shipped_calibration(named.name if named is not None else args.model)
-    if shipped is None:
-        raise SystemExit(f"no shipped calibration for {args.model}")
-    variants = {kind: ShippedVariant.parse(text) for kind, text in shipped.data["variants"].items()}
-    reading = variants.get(Kind.CHOICE, ShippedVariant("letters", CalibrationMethod.RAW, ())).reading
-    by_name, per_token = reading in ("names", "names_per_token"), reading == "names_per_token"
-    found = {
-        p.name.split(".")[0] for way in ("1-letters", "1-names") for p in (args.readouts / way).glob("*.train.jsonl*")
-    }
-    readouts = {}
-    for name in sorted(found):
-        splits = {}
-        for split in ("train", "held_out"):
-            letters = _load(args.readouts / "1-letters", name, split) or []
-            names = _load(args.readouts / "1-names", name, split) or []
-            rows = [r for r in letters if not (by_name and r.kind == Kind.CHOICE)]
-            if by_name:  # length-normalised where the file reads names per token
-                rows += [
-                    replace(r, length_normalised=per_token and r.lengths is not None)
-                    for r in names
-                    if r.kind == Kind.CHOICE
-                ]
-            if rows:
-                splits[split] = rows
-        if len(splits) == 2:
-            readouts[name] = splits
-    questions = {name: _questions(args.examples, name) for name in readouts}
-    report = simulate(readouts, questions, variants, shipped.prompt_version, args.ks, args.seeds)
+    inputs = SimulationInputs.load(args.model, args.readouts, args.examples)
+    report = simulate(inputs.readouts, inputs.questions, inputs.variants, inputs.prompt_version, args.ks, args.seeds)
     verdict = verdicts(report) if 50 in args.ks else {}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     result = {
         "model": args.model,
-        "variants": shipped.data["variants"],
+        "variants": inputs.variants_text,
         "seeds": args.seeds,
         "sets": report,
         "verdict_k50": verdict,

@@ -309,7 +309,7 @@ class FakeDecider:
     def describe(self) -> ModelDescription:
         return ModelDescription(self.name)
 
-    def prepare_request(self, state, questions, calibration=None, order_reads=None, keep_reading=False):
+    def prepare_request(self, state, questions, calibration=None, order_reads=None, keep_reading=False, **_):
         tokens = max(1, len(json.dumps(state, ensure_ascii=False).split()))
         return FakePrepared(FakeCall(state, dict(questions), calibration, order_reads), tokens)
 

@@ -370,7 +370,10 @@ def test_feedback_posted_to_one_replica_is_used_by_both(replicas_url):
         time.sleep(0.5)
     assert learned == [3, 3], health
     for document in ("Is my package on its way?", "Nothing arrived today.", "Thanks for the quick shipping!"):
-        body = {"state": document, "questions": {"delivery": question}}
+        # with a coverage of 0.5 one fair label is enough for a set (its level the most labeled: other tests' yes/no
+        # labels may be there too): scored out of fold on whichever replica answers
+        body = {"state": document, "questions": {"delivery": question}, "x_coverage": 0.5}
         reply = httpx.post(f"{replicas_url}/v1/systemone", json=body, headers=AUTH, timeout=120)
         answer = reply.json()["answers"]["delivery"]
         assert answer["x_feedback"] == {"level": "exact", "labels": 3}
+        assert answer["x_set"]["labels"] >= 3 and answer["x_set"]["guaranteed"] is True

@@ -230,6 +230,17 @@ def test_the_report_shows_default_and_learned_scores_and_a_reliability_diagram(p
         assert len(card.query_selector_all(f"svg rect.bin.{row}")) == len(scores["reliability"]) > 0
     assert card.query_selector("svg line[stroke-dasharray]")  # the diagonal
     assert "default" in card.inner_text() and "learned (cross-validated)" in card.inner_text()  # the legend
+    # what may be handed over: the certified shares and set sizes as the report gives them, and the curve
+    handover = family["handover"]
+    assert handover["fair_labels"] >= 12 and f"{handover['fair_labels']} fair labels" in card.inner_text()
+    sizes = [td.inner_text() for td in card.query_selector_all("table.handover tr[data-row=sets] td")][1:]
+    assert sizes == [f"{s['mean_size']:.2f}" if s["guaranteed"] else "every answer" for s in handover["sets"]]
+    assert len(card.query_selector_all("svg.automation circle")) == len(handover["curve"]) > 0
+    # an answer asked with a coverage shows its set and what it rests on
+    page.fill("#coverage", "0.8")
+    page.click("#ask")
+    page.wait_for_selector(".answer[data-qid=billing] .meta:has-text('set {')")
+    assert "fair label" in meta(page, "billing") and page.evaluate("buildBody()")["x_coverage"] == 0.8
     # a narrow screen: one column, nothing wider than the window
     page.set_viewport_size({"width": 400, "height": 800})
     assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")

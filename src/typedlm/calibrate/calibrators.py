@@ -33,11 +33,12 @@ from typedlm.calibrate.calibration import (
     raw,
     signature,
 )
+from typedlm.calibrate.decisions import hand_over
 from typedlm.calibrate.reads import Reads
 from typedlm.core.answers import Answer
 from typedlm.core.bounded import BoundedCache, ids_bytes, text_bytes
 from typedlm.core.names import CalibrationMethod
-from typedlm.core.questions import Question
+from typedlm.core.questions import Handover, Question
 
 PRIOR_CACHE_BYTES = 16 << 20  # content-free masses remembered, per suffix text
 
@@ -55,6 +56,15 @@ class Calibrator(Protocol):
     def reported(self, answers: Iterable[Answer]) -> CalibrationMethod:
         """The method these answers (of one response) were given by: `method`, or a method it stood back for."""
         ...
+
+    def hand_over(self, question: Question, reads: Reads, answer: Answer, handover: Handover) -> Answer:
+        """`answer` (this calibrator's, from `reads`) with its set and abstention (`decisions.hand_over`)."""
+        ...
+
+
+def wire_probs(question: Question, answer: Answer) -> list[float]:
+    """An answer's probabilities in its question's answer order."""
+    return list(question.wire_probabilities(answer.to_wire()))
 
 
 def _extras(reads: Reads, stderr: float, agreement: float) -> dict[str, Any]:
@@ -83,6 +93,10 @@ class RawCalibrator:
 
     def reported(self, answers: Iterable[Answer]) -> CalibrationMethod:
         return self.method
+
+    def hand_over(self, question: Question, reads: Reads, answer: Answer, handover: Handover) -> Answer:
+        """No labels are scored under this calibration: every answer in the set, every answer abstaining."""
+        return hand_over(question, answer, wire_probs(question, answer), (), None, None, handover)
 
 
 class ContextualCalibrator(RawCalibrator):

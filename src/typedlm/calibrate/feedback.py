@@ -25,14 +25,17 @@ from typing import Any
 
 import numpy as np
 
-from typedlm.calibrate.calibrators import Calibrator
+from typedlm.calibrate.calibrators import Calibrator, wire_probs
+from typedlm.calibrate.decisions import Decisions, hand_over
+from typedlm.calibrate.guarantees import THRESHOLDS, Scored, automated_share, certify, split_quantile
 from typedlm.calibrate.learning import LEVELS, Learner, Sample, question_keys
+from typedlm.calibrate.out_of_fold import OutOfFold
 from typedlm.calibrate.reads import Reads
 from typedlm.calibrate.reliability import ece, floor_eces, reliability
 from typedlm.core.answers import Answer
 from typedlm.core.errors import InvalidRequest, StoreError
 from typedlm.core.names import CalibrationMethod
-from typedlm.core.questions import Question, parse_question, question_to_wire
+from typedlm.core.questions import Handover, Question, parse_question, question_to_wire
 from typedlm.store.feedback import FeedbackStore
 from typedlm.store.labels import Label
 
@@ -43,13 +46,10 @@ REPORT_FOLDS = 5  # the report's cross-validation
 REPORT_MIN_LABELS = 10  # a family's calibration is measured from this many labels on
 REPORT_MAX_LABELS = 2000  # ... on its latest this many labels (read from the store)
 REPORT_MAX_FAMILIES = 100  # the report lists the most labeled this many families
+REPORT_ACCURACIES = (0.9, 0.95, 0.99)  # the report's automated shares: answers certified this accurate
+REPORT_COVERAGES = (0.8, 0.9, 0.95)  # the report's mean set sizes
 SYNC_ROWS = 5000  # labels read from the store at a time
 FLOOR = 1e-12
-
-
-def probabilities(question: Question, answer: Answer) -> list[float]:
-    """An answer's probabilities in its question's answer order."""
-    return list(question.wire_probabilities(answer.to_wire()))
 
 
 def disagreement(answer: Answer) -> float:
@@ -66,6 +66,8 @@ class FeedbackCalibrator:
         self.base = base
         self.learner = learner
         self.prompt_version = prompt_version
+        self.out_of_fold = OutOfFold()  # every label scored by a learner that never saw it: the guarantees' data
+        self.decisions = Decisions(self.out_of_fold)
 
     @property
     def needs_prior(self) -> bool:
@@ -77,16 +79,22 @@ class FeedbackCalibrator:
     def sample(self, question: Question, reads: Reads, gold: int) -> Sample:
         """A labeled answer as the learner sees it: the base's answer and the gold answer's index."""
         answer = self.base.answer(question, reads)
-        return Sample(tuple(probabilities(question, answer)), answer.raw_mass, disagreement(answer), gold)
+        return Sample(tuple(wire_probs(question, answer)), answer.raw_mass, disagreement(answer), gold)
 
     def answer(self, question: Question, reads: Reads) -> Answer:
         base = self.base.answer(question, reads)
         probs, used = self.learner.calibrate(
-            self.keys(question), probabilities(question, base), base.raw_mass, disagreement(base)
+            self.keys(question), wire_probs(question, base), base.raw_mass, disagreement(base)
         )
         if used is None:
             return base
         return question.answer(probs, base.raw_mass, {**base.extras, "feedback": used.to_wire()})
+
+    def hand_over(self, question: Question, reads: Reads, answer: Answer, handover: Handover) -> Answer:
+        """`answer` with its set and abstention, from the question's fair labels scored out of fold."""
+        base = wire_probs(question, self.base.answer(question, reads))
+        probs = wire_probs(question, answer)
+        return hand_over(question, answer, probs, base, self.keys(question), self.decisions, handover)
 
     def reported(self, answers: Iterable[Answer]) -> CalibrationMethod:
         """Feedback where any answer used what was learned; else every answer is the base's, and says so."""
@@ -142,18 +150,20 @@ class Feedback:
         with self._lock:
             total = 0
             while labels := self._stored(after=self.last_id, limit=SYNC_ROWS):
-                labeled = []
+                labeled, scored = [], []
                 for label in labels:
                     item = self._labeled(label)
                     if item is None:
                         self.skipped += 1
                         continue
                     labeled.append(item)
+                    scored.append((label.id, *item, label.sample == "random"))
                     self.families[label.family] = self.families.get(label.family, 0) + 1
                     self.described.setdefault(
                         label.family, {"kind": label.kind, "instructions": label.question.get("instructions")}
                     )
                 self.calibrator.learner.add(labeled)
+                self.calibrator.out_of_fold.add(scored)
                 self.last_id = labels[-1].id
                 self.learned += len(labeled)
                 total += len(labels)
@@ -175,6 +185,7 @@ class Feedback:
         reads: Mapping[str, Reads],
         gold: Mapping[str, int],
         feedback_id: str | None = None,
+        sample: str = "random",
     ) -> tuple[int, dict[str, dict[str, Any]]]:
         """Store the labeled questions' reads with their gold answers (one transaction), learn them, and return how
         many were stored (0: `feedback_id` was posted before) and, per labeled question, the calibration now in
@@ -192,6 +203,7 @@ class Feedback:
                 priors=reads[qid].priors,
                 lengths=reads[qid].lengths,
                 gold=index,
+                sample=sample,
             )
             for qid, index in gold.items()
         ]
@@ -232,7 +244,8 @@ class Feedback:
     def report(self) -> dict[str, Any]:
         """Per question family (the most labeled first): its labels, and the default's and the learned
         calibration's accuracy, log loss and ECE on them, cross-validated (`REPORT_FOLDS` folds: each label
-        scored by a fit on the others), each ECE beside its noise floor and with its reliability bins. Families past
+        scored by a fit on the others), each ECE beside its noise floor and with its reliability bins; and what
+        it may hand over (`handover_report`). Families past
         the `REPORT_MAX_FAMILIES` most labeled are counted, not listed; each is measured on its latest
         `REPORT_MAX_LABELS` labels (`measured_on`)."""
         self.sync()
@@ -245,7 +258,8 @@ class Feedback:
                 stored = self._stored(family=family, limit=REPORT_MAX_LABELS, latest=True)
                 labeled = [item for item in map(self._labeled, stored) if item is not None]
                 row = {"family": family, **self.described[family], "labels": count, "measured_on": len(labeled)}
-                rows.append({**row, **_measured(labeled)})
+                scored = self.calibrator.out_of_fold.scored("family", family)
+                rows.append({**row, **_measured(labeled), "handover": handover_report(scored)})
             report = {
                 "object": "feedback_report",
                 "model": self.model,
@@ -288,6 +302,42 @@ def _measured(labeled: list[tuple[dict[str, str], Sample]]) -> dict[str, Any]:
             keys, s = labeled[i]
             learned[i] = learner.calibrate(keys, s.probs, s.mass, s.disagreement)[0]
     return {"default": default, "feedback": _scores(samples, learned)}
+
+
+def handover_report(scored: Scored | None) -> dict[str, Any] | None:
+    """What a family's fair labels, scored out of fold, say a team may hand over: the share of its labeled answers
+    that could be committed at each of `REPORT_ACCURACIES` (certified as `x_min_accuracy` would be), the mean set
+    size at each of `REPORT_COVERAGES`, and accuracy against the share committed over the threshold grid (the
+    curve a team picks its operating point on). None under `REPORT_MIN_LABELS` fair labels."""
+    if scored is None or len(scored) < REPORT_MIN_LABELS:
+        return None
+    automation = []
+    for target in REPORT_ACCURACIES:
+        certificate = certify(scored.confidence, scored.correct, target)
+        automation.append({
+            "min_accuracy": target,
+            "share": automated_share(scored.confidence, certificate),
+            "threshold": None if certificate is None else certificate.confidence,
+            "labels": 0 if certificate is None else certificate.labels,
+        })  # fmt: skip
+    sets = []
+    for coverage in REPORT_COVERAGES:
+        q = split_quantile(scored.scores, 1 - coverage)
+        sets.append({"coverage": coverage, "mean_size": scored.mean_size(q), "guaranteed": q is not None})
+    curve = []
+    for tau in sorted(THRESHOLDS):
+        chosen = scored.confidence >= tau - 1e-12
+        if chosen.any():
+            curve.append(
+                {"confidence": tau, "share": float(chosen.mean()), "accuracy": float(scored.correct[chosen].mean())}
+            )
+    return {
+        "fair_labels": len(scored),
+        "answers": len(scored.answers) / len(scored),
+        "automation": automation,
+        "sets": sets,
+        "curve": curve,
+    }
 
 
 def feedback_needed() -> InvalidRequest:

@@ -277,6 +277,18 @@ class Learner:
                 used = Used(level, fitted.labels)
         return out, used
 
+    def calibrate_rows(
+        self, keys: dict[str, str], probs: np.ndarray, mass: np.ndarray, disagreement: np.ndarray
+    ) -> np.ndarray:
+        """`calibrate` for answers of one question at once: probabilities [N, n], raw masses [N], disagreements
+        [N] → probabilities [N, n]."""
+        snapshot = self.snapshot
+        for level in reversed(LEVELS):
+            fitted = snapshot.get((level, keys[level]))
+            if fitted is not None:
+                probs = fitted.apply_rows(probs, mass, disagreement)
+        return probs
+
     def labels(self, level: str, key: str) -> int:
         fitted = self.snapshot.get((level, key))
         return fitted.labels if fitted is not None else 0

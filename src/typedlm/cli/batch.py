@@ -31,6 +31,20 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         help="a feedback database (as serve --feedback-db): the rows are answered with what its labels taught, and "
         "a row's gold answers (a 'gold' field, as POST /v1/systemone/feedback takes) are stored and learned",
     )
+    batch.add_argument(
+        "--coverage",
+        type=float,
+        default=None,
+        metavar="P",
+        help="every answer carries its answer set at this coverage, in (0, 1) (x_coverage; a row's own wins)",
+    )
+    batch.add_argument(
+        "--min-accuracy",
+        type=float,
+        default=None,
+        metavar="P",
+        help="every answer says whether it abstains at this accuracy, in (0, 1) (x_min_accuracy; a row's own wins)",
+    )
     batch.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     batch.add_argument("--ray", action="store_true", help="run on Ray Data: a pool of actors, one decider each")
     batch.add_argument("--ray-address", default=None, help="an existing Ray cluster (default: a local one)")
@@ -40,9 +54,12 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from typedlm.core.questions import parse_questions
+    from typedlm.core.questions import parse_handover, parse_questions
     from typedlm.jobs.batch import count_rows, resume
 
+    defaults = {"x_coverage": args.coverage, "x_min_accuracy": args.min_accuracy}
+    defaults = {key: value for key, value in defaults.items() if value is not None}
+    parse_handover(defaults)  # a bad --coverage fails before the model loads
     questions = None
     if args.questions:
         questions = read_body(args.questions)
@@ -77,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
             workers=args.workers,
             address=args.ray_address,
             progress=progress,
+            defaults=defaults,
         )
     else:
         from typedlm.decide.decider import Decider
@@ -84,7 +102,13 @@ def run(args: argparse.Namespace) -> int:
 
         decider = Decider.load(model, args.device, args.dtype, **calibration_kwargs(args))
         summary = run_batch(
-            decider, args.input, args.out, questions=questions, aliases=aliases(decider.name), progress=progress
+            decider,
+            args.input,
+            args.out,
+            questions=questions,
+            aliases=aliases(decider.name),
+            progress=progress,
+            defaults=defaults,
         )
     print(
         f"typedlm: {summary.answered} rows answered ({summary.errors} as errors), {summary.skipped} already in "

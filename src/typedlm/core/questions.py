@@ -26,6 +26,7 @@ QUESTION_TYPES = tuple(Kind)  # the `kind` of each question class below
 CALIBRATION_METHODS = tuple(CalibrationMethod)  # see typedlm.calibrate.calibrators
 MAX_ORDER_READS = 8  # option orders read per choice/score question (x_order_reads)
 MAX_FEEDBACK_ID_CHARS = 200  # x_feedback_id: a client's idempotency id for a feedback post
+SAMPLES = ("random", "chosen")  # x_sample: how a feedback post's labels were picked
 MAX_CHARS_PER_TOKEN = 32  # no tokenizer packs more text than this into one token of real text: text longer than
 # this many characters per token of a limit is over it before it is tokenized (a name, a request's text)
 
@@ -38,6 +39,7 @@ YES, NO = 0, 1  # a noul question's answers, in the order of its probabilities e
 #   answer(probs, ...)   its typed answer from probabilities in its own answer order
 #   gold_index(gold)     a labeled gold answer as an index into those probabilities (ValueError if invalid)
 #   wire_probabilities   a wire answer's probabilities in that order
+#   answer_keys()        each answer as an answer set names it (noul true/false, choice its name, score "i")
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,9 @@ class NoulQuestion:
 
     def wire_probabilities(self, answer: Mapping[str, Any]) -> tuple[float, ...]:
         return (answer["noul"], 1 - answer["noul"])
+
+    def answer_keys(self) -> tuple[bool, ...]:
+        return (True, False)
 
 
 @dataclass(frozen=True)
@@ -99,6 +104,9 @@ class ChoiceQuestion:
     def wire_probabilities(self, answer: Mapping[str, Any]) -> tuple[float, ...]:
         return tuple(answer["probabilities"][name] for name, _ in self.options)
 
+    def answer_keys(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.options)
+
 
 @dataclass(frozen=True)
 class ScoreQuestion:
@@ -129,8 +137,23 @@ class ScoreQuestion:
     def wire_probabilities(self, answer: Mapping[str, Any]) -> tuple[float, ...]:
         return tuple(answer["probabilities"][str(i)] for i in range(len(self.levels)))
 
+    def answer_keys(self) -> tuple[str, ...]:
+        return tuple(str(i) for i in range(len(self.levels)))
+
 
 Question = NoulQuestion | ChoiceQuestion | ScoreQuestion
+
+
+@dataclass(frozen=True)
+class Handover:
+    """What a request asks of its answers beyond probabilities (`typedlm.calibrate.decisions`): each answer's set at
+    `coverage` (x_coverage) and whether it abstains below `min_accuracy` (x_min_accuracy); None: not asked."""
+
+    coverage: float | None = None
+    min_accuracy: float | None = None
+
+    def __bool__(self) -> bool:
+        return self.coverage is not None or self.min_accuracy is not None
 
 
 @dataclass(frozen=True)
@@ -142,6 +165,7 @@ class Request:
     model: str | None = None
     calibration: CalibrationMethod | None = None  # x_calibration; None: the server's default
     order_reads: int | None = None  # x_order_reads; None: the server's default
+    handover: Handover = Handover()  # x_coverage, x_min_accuracy
 
 
 def _is_text(value: Any) -> bool:
@@ -265,7 +289,22 @@ def parse_request(body: Any) -> Request:
     ):
         raise InvalidRequest(f"x_order_reads must be an integer from 1 to {MAX_ORDER_READS}", ("x_order_reads",))
     method = CalibrationMethod(calibration) if calibration is not None else None
-    return Request(parse_state(body.get("state")), parse_questions(body["questions"]), model, method, order_reads)
+    state, questions = parse_state(body.get("state")), parse_questions(body["questions"])
+    return Request(state, questions, model, method, order_reads, parse_handover(body))
+
+
+def _share(body: Mapping[str, Any], name: str) -> float | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+        raise InvalidRequest(f"{name} must be a number between 0 and 1 (exclusive), like 0.9", (name,))
+    return float(value)
+
+
+def parse_handover(body: Mapping[str, Any]) -> Handover:
+    """`x_coverage` and `x_min_accuracy` of a request body (each a number in (0, 1), or absent)."""
+    return Handover(_share(body, "x_coverage"), _share(body, "x_min_accuracy"))
 
 
 def question_to_wire(question: Question) -> dict[str, Any]:
@@ -292,6 +331,7 @@ class FeedbackRequest:
     request: Request
     gold: dict[str, int]
     feedback_id: str | None = None
+    sample: str = "random"  # x_sample: "random" (a fair sample of the traffic) or "chosen" (a correction, a hard case)
 
 
 def parse_feedback(body: Any) -> FeedbackRequest:
@@ -323,4 +363,11 @@ def parse_feedback(body: Any) -> FeedbackRequest:
         raise InvalidRequest(
             f"x_feedback_id must be a string of 1 to {MAX_FEEDBACK_ID_CHARS} characters", ("x_feedback_id",)
         )
-    return FeedbackRequest(request, indexes, feedback_id)
+    sample = body.get("x_sample", "random")
+    if sample not in SAMPLES:
+        raise InvalidRequest(
+            'x_sample must be "random" (these labels are a fair sample of the traffic: they feed the guarantees) or '
+            '"chosen" (picked for a reason: a correction, a hard case; learned from, never counted in a guarantee)',
+            ("x_sample",),
+        )
+    return FeedbackRequest(request, indexes, feedback_id, sample)

@@ -3,7 +3,9 @@
 6. for a calibrator that reads them, each read's content-free priors: the same reads over the content-free document,
    remembered per suffix text by the contextual calibrator, so that repeated questions cost nothing;
 7. each question's reads calibrated and averaged by the request's calibrator, which builds the typed answer; the
-   response says which calibration its answers were in fact given by.
+   response says which calibration its answers were in fact given by;
+8. where the request asks (`x_coverage`, `x_min_accuracy`), each answer's set and abstention, from the labels the
+   calibrator scored (`typedlm.calibrate.decisions`).
 """
 
 from __future__ import annotations
@@ -50,6 +52,10 @@ def respond(
     read = reading(request.reads, masses, cached, priors if wanted else None)
     questions = request.reads.questions
     answers = {q: calibrator.answer(questions[q], read.reads[q]) for q in questions}
+    if request.handover:
+        answers = {
+            q: calibrator.hand_over(questions[q], read.reads[q], a, request.handover) for q, a in answers.items()
+        }
     extras: dict[str, Any] = {"calibration": calibrator.reported(answers.values()).value}
     if request.order_reads > 1:
         extras["order_reads"] = request.order_reads

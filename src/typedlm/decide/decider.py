@@ -36,6 +36,7 @@ from typedlm.core.questions import (
     MAX_LEVELS,
     MAX_OPTIONS,
     FeedbackRequest,
+    Handover,
     NoulQuestion,
     Question,
     Text,
@@ -157,11 +158,13 @@ class Decider:
         order_reads: int | None = None,
         keep_reading: bool = False,
         priors: bool = False,
+        handover: Handover | None = None,
     ) -> PreparedRequest:
         """A request made ready for the model (`prepare.Preparer`): every check that can refuse it is done here, so
         a batch of prepared requests fails only for reasons of the model's own. `calibration` and `order_reads`
         override the decider's defaults; `keep_reading`: its response keeps the reads (`Response.reading`), as a
-        feedback post needs; `priors`: they include the content-free priors whatever the method needs.
+        feedback post needs; `priors`: they include the content-free priors whatever the method needs; `handover`:
+        each answer's set and abstention (x_coverage, x_min_accuracy).
 
         Raises:
             LimitExceeded: the prompt is longer than the model or the configuration allows.
@@ -169,7 +172,8 @@ class Decider:
         """
         method = self.calibrators.get(calibration).method
         k = order_reads or self.config.order_reads
-        return PreparedRequest(self.preparer.prepare(state, questions, k), method, k, keep_reading, priors)
+        prepared = self.preparer.prepare(state, questions, k)
+        return PreparedRequest(prepared, method, k, keep_reading, priors, handover or Handover())
 
     def launch_prepared(self, requests: Sequence[PreparedRequest]) -> Callable[[], list[Response]]:
         """Several prepared requests answered from ONE forward (`schedule.Scheduler.launch`), each as alone,
@@ -194,18 +198,21 @@ class Decider:
         questions: Mapping[str, Question],
         calibration: CalibrationMethod | str | None = None,
         order_reads: int | None = None,
+        handover: Handover | None = None,
     ) -> Response:
         """Answer every question about `state` from one packed forward pass (see `prepare_request`).
 
         Returns:
             A `Response` whose answers are keyed like `questions`.
         """
-        return self.launch_prepared([self.prepare_request(state, questions, calibration, order_reads)])()[0]
+        prepared = self.prepare_request(state, questions, calibration, order_reads, handover=handover)
+        return self.launch_prepared([prepared])()[0]
 
     def respond(self, body: Any) -> dict[str, Any]:
         """A whole `/v1/systemone` request body → the response body."""
         request = parse_request(body)
-        return self.decide(request.state, request.questions, request.calibration, request.order_reads).to_wire()
+        r = request
+        return self.decide(r.state, r.questions, r.calibration, r.order_reads, r.handover).to_wire()
 
     def read(
         self, state: Text, questions: Mapping[str, Question], order_reads: int = 1, contextual: bool = False
@@ -229,7 +236,9 @@ class Decider:
         if self.feedback is None:
             raise feedback_needed()
         questions = posted.request.questions
-        stored, in_force = self.feedback.post(questions, response.reading.reads, posted.gold, posted.feedback_id)
+        stored, in_force = self.feedback.post(
+            questions, response.reading.reads, posted.gold, posted.feedback_id, posted.sample
+        )
         return {**response.to_wire(), "x_feedback": in_force, "x_feedback_stored": stored}
 
     def respond_feedback(self, body: Any) -> dict[str, Any]:
@@ -237,9 +246,9 @@ class Decider:
         posted = parse_feedback(body)
         if self.feedback is None:
             raise feedback_needed()
-        request = posted.request
+        r = posted.request
         prepared = self.prepare_request(
-            request.state, request.questions, request.calibration, request.order_reads, keep_reading=True
+            r.state, r.questions, r.calibration, r.order_reads, keep_reading=True, handover=r.handover
         )
         return self.record_feedback(posted, self.launch_prepared([prepared])()[0])
 

@@ -14,12 +14,20 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from typedlm.calibrate.reads import read_count, rotations
 from typedlm.core.errors import LimitExceeded
 from typedlm.core.names import CalibrationMethod, ChoiceAnswers, Kind
-from typedlm.core.questions import MAX_CHARS_PER_TOKEN, ChoiceQuestion, NoulQuestion, Question, ScoreQuestion, Text
+from typedlm.core.questions import (
+    MAX_CHARS_PER_TOKEN,
+    ChoiceQuestion,
+    Handover,
+    NoulQuestion,
+    Question,
+    ScoreQuestion,
+    Text,
+)
 from typedlm.runtime.budget import default_forward_bytes
 from typedlm.runtime.interface import EngineLike
 from typedlm.runtime.packing import PackedItem
@@ -56,6 +64,7 @@ class PreparedRequest:
     order_reads: int
     keep_reading: bool = False
     priors: bool = False  # the reads' content-free priors are read whatever the method needs (`Decider.read`)
+    handover: Handover = field(default_factory=Handover)  # each answer's set and abstention, where the request asks
 
     @property
     def tokens(self) -> int:

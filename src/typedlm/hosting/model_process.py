@@ -13,8 +13,8 @@ and pipeline as they are in one process.
 
 Messages, pickled over one pipe:
 
-    to the model     ("ask", id, state, questions, calibration, order_reads), ("feedback", id, feedback request),
-                     ("report", id), ("close",)
+    to the model     ("ask", id, state, questions, calibration, order_reads, handover),
+                     ("feedback", id, feedback request), ("report", id), ("close",)
     from the model   once after loading: ("ready", name, description, max_batch, stats) or ("failed", error);
                      ("answer", id, response or feedback body or report) or ("error", id, error, stats) per
                      request; ("timing", wait_s, run_s) per
@@ -48,7 +48,7 @@ from typedlm.core.answers import Response
 from typedlm.core.bounded import resident_bytes
 from typedlm.core.description import ModelDescription
 from typedlm.core.errors import ModelError
-from typedlm.core.questions import FeedbackRequest, Question, Text
+from typedlm.core.questions import FeedbackRequest, Handover, Question, Text
 from typedlm.core.settings import ServerSettings
 from typedlm.hosting.heap import MODEL_MMAP_THRESHOLD_BYTES, freeze_start_up_objects, return_freed_memory
 from typedlm.hosting.served import DeciderLike, InProcessModel, Stats
@@ -121,9 +121,14 @@ class ModelProcess:
         return stats
 
     async def answer(
-        self, state: Text, questions: Mapping[str, Question], calibration: str | None, order_reads: int | None
+        self,
+        state: Text,
+        questions: Mapping[str, Question],
+        calibration: str | None,
+        order_reads: int | None,
+        handover: Handover | None = None,
     ) -> Response:
-        return await self._ask("ask", state, questions, calibration, order_reads)
+        return await self._ask("ask", state, questions, calibration, order_reads, handover)
 
     async def feedback(self, posted: FeedbackRequest) -> dict[str, Any]:
         return await self._ask("feedback", posted)

@@ -18,7 +18,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from typedlm.core.answers import Response
 from typedlm.core.description import ModelDescription
-from typedlm.core.questions import FeedbackRequest, Question, Text
+from typedlm.core.questions import FeedbackRequest, Handover, Question, Text
 from typedlm.core.settings import ServerSettings
 from typedlm.hosting.worker import ModelWorker
 
@@ -43,6 +43,8 @@ class DeciderLike(Protocol):
         calibration: str | None = None,
         order_reads: int | None = None,
         keep_reading: bool = False,
+        priors: bool = False,
+        handover: Handover | None = None,
     ) -> Any: ...  # a prepared request; its `tokens` are what it adds to a forward
 
     def launch_prepared(self, requests: Sequence[Any]) -> Callable[[], list[Response]]: ...
@@ -73,7 +75,12 @@ class ServedModel(Protocol):
     def stats(self) -> Stats: ...
 
     async def answer(
-        self, state: Text, questions: Mapping[str, Question], calibration: str | None, order_reads: int | None
+        self,
+        state: Text,
+        questions: Mapping[str, Question],
+        calibration: str | None,
+        order_reads: int | None,
+        handover: Handover | None = None,
     ) -> Response: ...
 
     async def feedback(self, posted: FeedbackRequest) -> dict[str, Any]: ...
@@ -124,10 +131,15 @@ class InProcessModel:
         return {**self.decider.stats(), "model_thread": self.worker.stats()}
 
     async def answer(
-        self, state: Text, questions: Mapping[str, Question], calibration: str | None, order_reads: int | None
+        self,
+        state: Text,
+        questions: Mapping[str, Question],
+        calibration: str | None,
+        order_reads: int | None,
+        handover: Handover | None = None,
     ) -> Response:
         return await self.worker.wait_for(
-            lambda: self.start(state, questions, calibration, order_reads), self.timeout_s
+            lambda: self.start(state, questions, calibration, order_reads, handover), self.timeout_s
         )
 
     def start(
@@ -136,12 +148,15 @@ class InProcessModel:
         questions: Mapping[str, Question],
         calibration: str | None,
         order_reads: int | None,
+        handover: Handover | None = None,
         keep_reading: bool = False,
     ) -> Future:
         """The request queued from any thread, with no admission or timeout (the caller's): a future of its
         `Response`. Prepared on a host thread, then answered on the model thread, batched where the decider can."""
         return self.worker.put(
-            lambda: self.decider.prepare_request(state, questions, calibration, order_reads, keep_reading),
+            lambda: self.decider.prepare_request(
+                state, questions, calibration, order_reads, keep_reading, handover=handover
+            ),
             self.decider.launch_prepared,
             lambda prepared: prepared.tokens,
         )
@@ -156,7 +171,9 @@ class InProcessModel:
         """A feedback post queued from any thread: its request answered like any other (same queue, same batches,
         its reads kept), then its labels stored and learned on the feedback thread. A future of its body."""
         request = posted.request
-        answered = self.start(request.state, request.questions, request.calibration, request.order_reads, True)
+        answered = self.start(
+            request.state, request.questions, request.calibration, request.order_reads, request.handover, True
+        )
         done: Future = Future()
 
         def record(answer: Future) -> None:

@@ -106,9 +106,12 @@ def row_id(number: int, row: Any) -> Any:
     return row["id"] if isinstance(row, Mapping) and "id" in row else number
 
 
-def request_body(row: Any, questions: Mapping[str, Any] | None) -> Any:
+def request_body(row: Any, questions: Mapping[str, Any] | None, defaults: Mapping[str, Any] | None = None) -> Any:
     """The request body of a row: the row itself, or with `questions`, the row's state (and calibration fields)
-    asked those questions."""
+    asked those questions; `defaults`: fields it gets where the row has none of its own (`--coverage`'s
+    x_coverage, `--min-accuracy`'s x_min_accuracy)."""
+    if defaults and isinstance(row, Mapping):
+        row = {**defaults, **row}
     if questions is None:
         return row
     if not isinstance(row, Mapping) or "state" not in row:
@@ -129,11 +132,15 @@ def _decide_group(decider, group: list) -> list:
 
 
 def answer_rows(
-    decider, rows: list[tuple[int, Any]], questions: Mapping[str, Any] | None = None, served: Iterable[str] = ()
+    decider,
+    rows: list[tuple[int, Any]],
+    questions: Mapping[str, Any] | None = None,
+    served: Iterable[str] = (),
+    defaults: Mapping[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """The records of rows (line number, row) in order: every valid row prepared, then answered by as few forwards
     as the decider batches (`max_batch` rows each, within the server's token limit: `hosting.batching.groups`);
-    `served`: the model names a row may give (default: the decider's own)."""
+    `served`: the model names a row may give (default: the decider's own); `defaults`: as `request_body`'s."""
     served = tuple(served) or (decider.name,)
     items: list[Any] = []
     feedback: list[FeedbackRequest | None] = []  # per row: its gold answers, where it has some
@@ -141,7 +148,7 @@ def answer_rows(
         try:
             if isinstance(row, BaseException):
                 raise row
-            body = request_body(row, questions)
+            body = request_body(row, questions, defaults)
             posted = parse_feedback(body) if isinstance(body, Mapping) and "gold" in body else None
             if posted is not None and getattr(decider, "feedback", None) is None:
                 raise InvalidRequest(
@@ -151,7 +158,8 @@ def answer_rows(
             if request.model is not None and request.model not in served:
                 raise model_not_found(request.model, served)
             items.append(decider.prepare_request(request.state, request.questions, request.calibration,
-                                                 request.order_reads, keep_reading=posted is not None))  # fmt: skip
+                                                 request.order_reads, keep_reading=posted is not None,
+                                                 handover=request.handover))  # fmt: skip
             feedback.append(posted)
         except (InvalidRequest, APIError) as exc:
             items.append(exc)
@@ -182,9 +190,11 @@ def run_batch(
     questions: Mapping[str, Any] | None = None,
     aliases: Iterable[str] = (),
     progress: Callable[[Iterable, int, int], Iterable] | None = None,
+    defaults: Mapping[str, Any] | None = None,
 ) -> BatchSummary:
     """Answer every row of `source` not yet in `out` (see the module docstring). `aliases`: model names a row may
-    give besides the decider's; `progress(rows, total, done)` may wrap the rows (a progress bar)."""
+    give besides the decider's; `progress(rows, total, done)` may wrap the rows (a progress bar); `defaults`:
+    fields every row's request gets where it has none of its own (`request_body`)."""
     total, done = count_rows(source), resume(out)
     served = (decider.name, *aliases)
     rows: Iterable = read_rows(source, skip=done)
@@ -193,7 +203,7 @@ def run_batch(
     answered = errors = 0
     with Path(out).open("a", encoding="utf-8") as sink:
         for chunk in _chunks(rows, decider.max_batch):
-            for record in answer_rows(decider, chunk, questions, served):
+            for record in answer_rows(decider, chunk, questions, served, defaults):
                 sink.write(json.dumps(record, ensure_ascii=False) + "\n")
                 answered += 1
                 errors += "error" in record

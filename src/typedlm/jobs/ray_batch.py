@@ -24,7 +24,13 @@ ROWS_PER_TASK = 16  # rows an actor answers per call (its decider batches them w
 class _Answerer:
     """A Ray Data actor: one decider, loaded once, answering batches of rows into records."""
 
-    def __init__(self, options: Mapping[str, Any], questions: Mapping[str, Any] | None, aliases: tuple[str, ...]):
+    def __init__(
+        self,
+        options: Mapping[str, Any],
+        questions: Mapping[str, Any] | None,
+        aliases: tuple[str, ...],
+        defaults: Mapping[str, Any] | None = None,
+    ):
         import torch
 
         from typedlm.decide.decider import Decider
@@ -35,6 +41,7 @@ class _Answerer:
         load = {key: value for key, value in options.items() if key != "threads"}
         self.decider = Decider.load(**load)
         self.questions = questions
+        self.defaults = defaults
         self.served = (self.decider.name, *aliases)
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, list]:
@@ -42,7 +49,7 @@ class _Answerer:
         for number, text, bad in zip(batch["number"], batch["row"], batch["bad"], strict=True):
             row = InvalidRequest(*json.loads(bad)) if bad else json.loads(text)
             rows.append((int(number), row))
-        records = answer_rows(self.decider, rows, self.questions, self.served)
+        records = answer_rows(self.decider, rows, self.questions, self.served, self.defaults)
         return {
             "number": [n for n, _ in rows],
             "record": [json.dumps(r, ensure_ascii=False) for r in records],
@@ -66,10 +73,12 @@ def run_batch_on_ray(
     workers: int = 2,
     address: str | None = None,
     progress: Callable[[Iterable, int, int], Iterable] | None = None,
+    defaults: Mapping[str, Any] | None = None,
 ) -> BatchSummary:
     """Answer every row of `source` not yet in `out` on Ray (see the module docstring). `options`: the keyword
     arguments of `Decider.load` in each actor (model, device, dtype, calibration, ...; "threads": torch's threads
-    per actor); `workers`: actors, each given a GPU when `options["device"]` is CUDA, else one CPU."""
+    per actor); `workers`: actors, each given a GPU when `options["device"]` is CUDA, else one CPU; `defaults`: fields
+    every row's request gets where it has none of its own (`batch.request_body`)."""
     try:
         import ray
         import ray.data
@@ -87,7 +96,12 @@ def run_batch_on_ray(
     on_gpu = str(options.get("device") or "cpu").startswith("cuda")
     answered = ray.data.from_items(items).map_batches(
         _Answerer,
-        fn_constructor_kwargs={"options": dict(options), "questions": questions, "aliases": tuple(aliases)},
+        fn_constructor_kwargs={
+            "options": dict(options),
+            "questions": questions,
+            "aliases": tuple(aliases),
+            "defaults": dict(defaults or {}),
+        },
         batch_size=ROWS_PER_TASK,
         compute=ray.data.ActorPoolStrategy(size=workers),
         num_gpus=1 if on_gpu else 0,

@@ -102,7 +102,7 @@ def defaults(
     return out
 
 
-def _samples(rows: Sequence[Readout], predictions: Sequence[Prediction], bases, reads: int) -> list[Sample]:
+def samples_of(rows: Sequence[Readout], predictions: Sequence[Prediction], bases, reads: int) -> list[Sample]:
     answers = answers_of(rows, bases, reads)
     return [
         Sample(tuple(p.probabilities), a.mass, a.disagreement, p.gold)
@@ -130,8 +130,8 @@ def simulate(
             split: [question_keys(questions[name][(r.example, r.question)], prompt_version) for r in rows]
             for split, rows in splits.items()
         }
-        train = _samples(splits["train"], fitted[name]["train"], bases, reads)
-        held = _samples(splits["held_out"], fitted[name]["held_out"], bases, reads)
+        train = samples_of(splits["train"], fitted[name]["train"], bases, reads)
+        held = samples_of(splits["held_out"], fitted[name]["held_out"], bases, reads)
         raw = calibrated(answers_of(splits["held_out"], CalibrationMethod.RAW, reads), {})
         curve = {}
         for k in ks:
@@ -181,8 +181,8 @@ def stream_temperature(readouts, fitted, questions, prompt_version, bases, reads
     regression of each other set's own best log temperature (fitted on its train split) on its statistics; scored
     on the set's held-out answers. Leave-one-set-out: the set's own labels are never used."""
     sets = list(readouts)
-    train = {n: _samples(readouts[n]["train"], fitted[n]["train"], bases, reads) for n in sets}
-    held = {n: _samples(readouts[n]["held_out"], fitted[n]["held_out"], bases, reads) for n in sets}
+    train = {n: samples_of(readouts[n]["train"], fitted[n]["train"], bases, reads) for n in sets}
+    held = {n: samples_of(readouts[n]["held_out"], fitted[n]["held_out"], bases, reads) for n in sets}
     features = {n: _stream_features(held[n]) for n in sets}
     best = {
         n: math.log(fit_temperature([np.asarray(s.probs) for s in train[n]], [s.gold for s in train[n]])) for n in sets

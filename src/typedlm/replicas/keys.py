@@ -21,7 +21,7 @@ CHAT = "/v1/chat/completions"
 def _state(path: str, body: Any) -> Any:
     if path in (SYSTEMONE, FEEDBACK):
         return body.get("state") if isinstance(body, dict) else None
-    _model, state, _questions = parse_chat(body)
+    _model, state, _questions, _handover = parse_chat(body)
     return state
 
 

@@ -17,7 +17,7 @@ from typing import Any
 from fastapi.responses import JSONResponse
 
 from typedlm.core.errors import InvalidRequest, LimitExceeded
-from typedlm.core.questions import Question, Text, parse_questions
+from typedlm.core.questions import Handover, Question, Text, parse_handover, parse_questions
 from typedlm.hosting.status import APIError, status_of
 from typedlm.server.body import NotJSON, parse_json
 
@@ -63,8 +63,10 @@ def _text(content: Any) -> str | None:
     return None
 
 
-def parse_chat(body: Any) -> tuple[str | None, Text, dict[str, Question]]:
-    """(model, state, questions) from a chat completion body, or InvalidRequest."""
+def parse_chat(body: Any) -> tuple[str | None, Text, dict[str, Question], Handover]:
+    """(model, state, questions, handover) from a chat completion body, or InvalidRequest. `x_coverage` and
+    `x_min_accuracy` may be fields of the body (the openai client's `extra_body`) or of the system message's
+    JSON object beside its `questions`."""
     if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
         raise InvalidRequest("messages must be an array of chat messages", ("messages",))
     messages = [m for m in body["messages"] if isinstance(m, dict)]
@@ -76,7 +78,9 @@ def parse_chat(body: Any) -> tuple[str | None, Text, dict[str, Question]]:
         schema = None  # not JSON: not a decision
     except InvalidRequest as exc:  # JSON, but refused (a lone surrogate, nesting too deep, a non-finite number)
         raise InvalidRequest(f"the system message: {exc.message}", ("messages",)) from exc
+    handover = parse_handover(body)
     if isinstance(schema, dict) and isinstance(schema.get("questions"), dict):
+        handover = handover or parse_handover(schema)
         schema = schema["questions"]
     looks_like_questions = (
         isinstance(schema, dict) and schema and all(isinstance(q, dict) and "type" in q for q in schema.values())
@@ -93,7 +97,7 @@ def parse_chat(body: Any) -> tuple[str | None, Text, dict[str, Question]]:
     if body.get("stream") is not None and not isinstance(body["stream"], bool):
         raise InvalidRequest("stream must be true or false", ("stream",))
     model = body.get("model")
-    return (model if isinstance(model, str) else None), user[0], parse_questions(schema)
+    return (model if isinstance(model, str) else None), user[0], parse_questions(schema), handover
 
 
 def usage(input_tokens: int, cached_tokens: int) -> dict[str, Any]:

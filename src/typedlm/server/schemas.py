@@ -64,15 +64,70 @@ class SystemOneRequest(BaseModel):
     x_order_reads: int | None = Field(
         None, ge=1, le=8, description="Option orders read per choice/score question and averaged (default: 1)."
     )
+    x_coverage: float | None = Field(
+        None,
+        gt=0,
+        lt=1,
+        description="Each answer carries its answer set (x_set) at this coverage: the answers that hold the right "
+        "one at least this often, from the question's fair labels (docs/feedback.md).",
+        examples=[0.9],
+    )
+    x_min_accuracy: float | None = Field(
+        None,
+        gt=0,
+        lt=1,
+        description="Each answer says whether it abstains (x_abstain): false only where its labels certify that "
+        "answers this confident are right at least this often (x_threshold).",
+        examples=[0.95],
+    )
 
 
-class NoulAnswer(BaseModel):
+class AnswerSet(BaseModel):
+    answers: list[bool | str] = Field(
+        ..., description="The set: noul true/false, choice option names, score level keys; may be empty."
+    )
+    coverage: float = Field(..., description="The coverage asked for (x_coverage).")
+    labels: int = Field(..., description="The fair labels the set rests on.")
+    level: Literal["exact", "family", "kind", "default"] = Field(
+        ..., description="Whose labels: the question's, its family's, its kind's, or none (default)."
+    )
+    guaranteed: bool = Field(..., description="True where the coverage holds for this answer (split conformal).")
+    guarantee: Literal["finite-sample", "long-run", "none"] = Field(
+        ...,
+        description="finite-sample: split conformal, for every answer; long-run: adaptive conformal inference on a "
+        "drifting stream, on average over many answers; none: too few labels, every answer in the set.",
+    )
+    scores: Literal["feedback", "default", "none"] = Field(
+        ..., description="Whose probabilities the set is read from: the learned calibration's or the default's."
+    )
+
+
+class Threshold(BaseModel):
+    confidence: float = Field(..., description="Answers at least this confident are committed.")
+    labels: int = Field(..., description="Fair labels at or above it.")
+    right: int = Field(..., description="Of those, right.")
+    level: Literal["exact", "family", "kind"]
+    min_accuracy: float
+    delta: float = Field(..., description="The certificate holds with probability 1 - delta.")
+
+
+class HandedOver(BaseModel):
+    """What x_coverage and x_min_accuracy add to an answer."""
+
+    x_set: AnswerSet | None = Field(None, description="With x_coverage: the answer set.")
+    x_abstain: bool | None = Field(None, description="With x_min_accuracy: whether to send it to a person.")
+    x_threshold: Threshold | None = Field(
+        None, description="With x_min_accuracy: the certified threshold it was held to; null: none certified."
+    )
+
+
+class NoulAnswer(HandedOver):
     type: Literal["noul"]
     noul: float = Field(..., description="P(yes).")
     x_raw_mass: float = Field(..., description="Mass on any answer label before normalisation.")
 
 
-class ChoiceAnswer(BaseModel):
+class ChoiceAnswer(HandedOver):
     type: Literal["choice"]
     choice: str
     probabilities: dict[str, float]
@@ -80,7 +135,7 @@ class ChoiceAnswer(BaseModel):
     x_raw_mass: float
 
 
-class ScoreAnswer(BaseModel):
+class ScoreAnswer(HandedOver):
     type: Literal["score"]
     score: float = Field(..., description="Expected level, Σ i·p_i.")
     legend: dict[str, JSONText]
@@ -112,6 +167,12 @@ class FeedbackRequest(SystemOneRequest):
     x_feedback_id: str | None = Field(
         None, min_length=1, max_length=200, description="The post's idempotency id: a retried post counts once."
     )
+    x_sample: Literal["random", "chosen"] = Field(
+        "random",
+        description="How these labels were picked: random (a fair sample of the traffic: they feed the answer sets' "
+        "and selective answers' guarantees) or chosen (a correction, a hard case: learned from, never counted in a "
+        "guarantee).",
+    )
 
 
 class FeedbackLevel(BaseModel):
@@ -142,6 +203,33 @@ class FamilyScores(BaseModel):
     reliability: list[dict[str, float]] = Field(..., description="Non-empty bins: lo, hi, count, confidence, accuracy.")
 
 
+class Automation(BaseModel):
+    min_accuracy: float
+    share: float = Field(..., description="The share of the family's fair labeled answers committed at it.")
+    threshold: float | None = Field(..., description="The certified confidence threshold; null: none.")
+    labels: int = Field(..., description="Fair labels at or above the threshold.")
+
+
+class SetSize(BaseModel):
+    coverage: float
+    mean_size: float = Field(..., description="The mean answer set size on the family's fair labels.")
+    guaranteed: bool = Field(..., description="False: too few labels, every answer in the set.")
+
+
+class CurvePoint(BaseModel):
+    confidence: float
+    share: float = Field(..., description="The share of labeled answers at least this confident.")
+    accuracy: float = Field(..., description="Their accuracy.")
+
+
+class FamilyHandover(BaseModel):
+    fair_labels: int = Field(..., description="Labels posted with x_sample random, scored out of fold.")
+    answers: float = Field(..., description="The mean number of answers of its questions.")
+    automation: list[Automation] = Field(..., description="At 90, 95 and 99% accuracy.")
+    sets: list[SetSize] = Field(..., description="At 80, 90 and 95% coverage.")
+    curve: list[CurvePoint] = Field(..., description="Accuracy against the share committed, over thresholds.")
+
+
 class FeedbackFamily(BaseModel):
     family: str = Field(..., description="The family's key: a hash of its type and instructions.")
     kind: Literal["noul", "choice", "score"]
@@ -151,6 +239,9 @@ class FeedbackFamily(BaseModel):
     default: FamilyScores = Field(..., description="The default calibration's answers on the family's labels.")
     feedback: FamilyScores | None = Field(
         ..., description="Calibration learned from its labels, cross-validated (5 folds); null under 10 labels."
+    )
+    handover: FamilyHandover | None = Field(
+        ..., description="What its fair labels say may be handed over; null under 10 fair labels."
     )
 
 

@@ -23,10 +23,13 @@ from pathlib import Path
 
 from typedlm.core.errors import StoreError
 
-SCHEMA_VERSION = 1  # PRAGMA user_version of the files this module writes
+SCHEMA_VERSION = 2  # PRAGMA user_version of the files this module writes (2: labels.sample)
 APPLICATION_ID = 0x74644C46  # PRAGMA application_id: "tdLF", a typedlm feedback file
 
 _FAMILY_INDEX = "CREATE INDEX IF NOT EXISTS labels_family ON labels (family, id)"  # a family's latest labels
+_MIGRATIONS = {  # format n - 1 -> n, run in one write transaction when a file of the older format is opened
+    2: ("ALTER TABLE labels ADD COLUMN sample TEXT NOT NULL DEFAULT 'random'",),  # the labels before were fair
+}
 _SCHEMA = (
     """CREATE TABLE posts (
         id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -40,7 +43,8 @@ _SCHEMA = (
         model TEXT NOT NULL, fingerprint TEXT NOT NULL, prompt_version TEXT NOT NULL, reading TEXT NOT NULL,
         kind TEXT NOT NULL, exact TEXT NOT NULL, family TEXT NOT NULL,
         question TEXT NOT NULL, masses TEXT NOT NULL, priors TEXT, lengths TEXT,  -- JSON
-        gold INTEGER NOT NULL
+        gold INTEGER NOT NULL,
+        sample TEXT NOT NULL DEFAULT 'random'  -- 'random': a fair sample of the traffic; 'chosen': picked
     )""",
     _FAMILY_INDEX,
 )
@@ -92,9 +96,11 @@ def _prepare(db: sqlite3.Connection, path: Path, timeout: float, fsync: bool) ->
                     db.execute(statement)
                 db.execute(f"PRAGMA application_id = {APPLICATION_ID}")
                 db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-    elif not db.execute("SELECT 1 FROM sqlite_master WHERE name = 'labels_family'").fetchone():
-        with transaction(db, path, timeout):  # a file written before the index was
-            db.execute(_FAMILY_INDEX)
+    else:
+        _migrate(db, path, timeout)
+        if not db.execute("SELECT 1 FROM sqlite_master WHERE name = 'labels_family'").fetchone():
+            with transaction(db, path, timeout):  # a file written before the index was
+                db.execute(_FAMILY_INDEX)
     if db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
         db.execute("PRAGMA journal_mode = WAL")
     db.execute(f"PRAGMA synchronous = {'FULL' if fsync else 'NORMAL'}")  # per connection, not in the file
@@ -125,8 +131,21 @@ def _check_format(db: sqlite3.Connection, path: Path) -> bool:
             f"{path} is a feedback database of format {version}, newer than this typedlm reads "
             f"({SCHEMA_VERSION}); upgrade typedlm, or give another file"
         )
-    assert version == SCHEMA_VERSION, f"format {version} has no migration to {SCHEMA_VERSION}"
+    assert all(v in _MIGRATIONS for v in range(version + 1, SCHEMA_VERSION + 1)), f"no migration from {version}"
     return True
+
+
+def _migrate(db: sqlite3.Connection, path: Path, timeout: float) -> None:
+    """Bring a file of an older format to this one, each step in the same write transaction as its version mark
+    (another process migrating the same file at once finds it done once it has the lock)."""
+    if db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION:
+        return
+    with transaction(db, path, timeout):
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+        for target in range(version + 1, SCHEMA_VERSION + 1):
+            for statement in _MIGRATIONS[target]:
+                db.execute(statement)
+            db.execute(f"PRAGMA user_version = {target}")
 
 
 @contextlib.contextmanager

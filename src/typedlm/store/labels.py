@@ -22,8 +22,9 @@ from typedlm.core.questions import QUESTION_TYPES
 
 COLUMNS = (  # the labels table's columns a label fills, in `to_row`'s order
     "uid, created, feedback_id, question_id, model, fingerprint, prompt_version, reading, kind, exact, family, "
-    "question, masses, priors, lengths, gold"
+    "question, masses, priors, lengths, gold, sample"
 )
+SAMPLES = ("random", "chosen")  # how a label was picked: a fair sample of the traffic, or chosen for a reason
 _JSON_FIELDS = ("question", "masses", "priors", "lengths")
 
 
@@ -47,6 +48,7 @@ class Label:
     priors: list[list[float]] | None = None  # per read, per answer
     lengths: list[int] | None = None
     gold: int  # the gold answer's index
+    sample: str = "random"  # "random": a fair sample of the traffic (counted in guarantees); "chosen": picked
     id: int | None = None  # the row id once stored
 
 
@@ -91,6 +93,8 @@ def label_problem(fields: dict[str, Any]) -> str | None:
     gold = fields["gold"]
     if type(gold) is not int or not 0 <= gold < len(masses[0]):
         return f"gold must be an answer's index, 0..{len(masses[0]) - 1}"
+    if fields.get("sample", "random") not in SAMPLES:
+        return f"sample must be one of {', '.join(SAMPLES)}"
     if not isinstance(fields.get("id"), (int, type(None))):
         return "id must be an integer or null"
     return None

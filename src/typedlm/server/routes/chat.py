@@ -50,9 +50,9 @@ def router(served: ServedModel, settings: ServerSettings) -> APIRouter:
         try:
             check_bearer(request, settings.api_keys)  # here, not as a dependency: errors in OpenAI's shape
             body = parse_json(await read_body(request, settings.max_body_bytes))
-            model, state, questions = parse_chat(body)
+            model, state, questions, handover = parse_chat(body)
             check_model(model, served, settings)
-            response = await served.answer(state, questions, None, None)
+            response = await served.answer(state, questions, None, None, handover)
             note(request, response.usage, questions)
         except (InvalidRequest, APIError) as exc:  # a refusal: 4xx, and the worker's 503 (queue full) and 504
             return error_response(exc)

@@ -46,7 +46,9 @@ def router(served: ServedModel, settings: ServerSettings) -> APIRouter:
         body = parse_json(await read_body(request, settings.max_body_bytes))
         parsed = parse_request(body)
         check_model(parsed.model, served, settings)
-        response = await served.answer(parsed.state, parsed.questions, parsed.calibration, parsed.order_reads)
+        response = await served.answer(
+            parsed.state, parsed.questions, parsed.calibration, parsed.order_reads, parsed.handover
+        )
         note(request, response.usage, parsed.questions)
         return JSONResponse(response.to_wire())
 
