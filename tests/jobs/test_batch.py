@@ -231,3 +231,23 @@ def test_a_group_whose_forward_fails_is_answered_row_by_row(real_decider, tmp_pa
             _same_response(got["response"], want["response"])
         else:
             assert got == want
+
+
+def test_coverage_and_min_accuracy_apply_to_every_row_that_does_not_set_its_own(real_decider, tmp_path):
+    """`--coverage`/`--min-accuracy` (here `defaults`, as the CLI passes them): every answer carries its set and
+    abstention, a row's own x_coverage wins; with no labels every set is every answer and says so."""
+    from typedlm.cli import main
+
+    source, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    rows = [{"state": "I was charged twice.", "questions": QUESTIONS},
+            {"state": "The parcel is late.", "questions": QUESTIONS, "x_coverage": 0.5}]  # fmt: skip
+    _write(source, rows)
+    run_batch(real_decider, source, out, defaults={"x_coverage": 0.9, "x_min_accuracy": 0.95})
+    first, second = (record["response"]["answers"] for record in _records(out))
+    for answer in first.values():
+        assert answer["x_set"]["coverage"] == 0.9 and answer["x_set"]["guarantee"] == "none"
+        assert answer["x_abstain"] is True and answer["x_threshold"] is None
+    assert {answer["x_set"]["coverage"] for answer in second.values()} == {0.5}
+    # a share outside (0, 1) stops the command before any model is loaded
+    assert main(["batch", str(source), "--out", str(tmp_path / "o.jsonl"), "--coverage", "1.5"]) == 2
+    assert not (tmp_path / "o.jsonl").exists()

@@ -94,6 +94,23 @@ def test_a_file_written_before_the_family_index_gets_it_and_keeps_its_labels(tmp
     assert "labels_family" in plan
 
 
+def test_a_file_of_the_first_format_is_migrated_its_labels_kept_as_fair_samples(tmp_path):
+    """A database written before labels said how they were picked (format 1): opened, it gets the column, its
+    labels read back as fair samples, and a chosen label can be stored beside them."""
+    path = tmp_path / "f.sqlite"
+    with FeedbackStore(path) as store:
+        stored = store.add([make_label(n) for n in range(3)])
+    with sqlite3.connect(path) as db:  # as format 1 wrote it: no sample column
+        db.execute("ALTER TABLE labels DROP COLUMN sample")
+        db.execute("PRAGMA user_version = 1")
+    with FeedbackStore(path) as store:
+        assert store.labels() == stored and {label.sample for label in stored} == {"random"}
+        chosen = store.add([make_label(7, sample="chosen")])
+        assert store.labels(after=stored[-1].id) == chosen and chosen[0].sample == "chosen"
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == 2
+
+
 def test_a_retried_post_is_stored_once(tmp_path):
     with FeedbackStore(tmp_path / "f.sqlite") as store:
         assert store.add([make_label(0), make_label(1)], feedback_id="post-1") is not None
@@ -256,7 +273,7 @@ def test_every_id_a_killed_writer_printed_is_stored(tmp_path):
 def test_export_then_import_gives_the_same_labels(tmp_path):
     with FeedbackStore(tmp_path / "a.sqlite") as source:
         source.add([make_label(0), make_label(1)], feedback_id="post-1")
-        source.add([make_label(2)])
+        source.add([make_label(2, sample="chosen")])
         assert source.export(tmp_path / "labels.jsonl") == 3
         exported = source.labels()
     lines = (tmp_path / "labels.jsonl").read_text(encoding="utf-8").splitlines()
@@ -264,6 +281,7 @@ def test_export_then_import_gives_the_same_labels(tmp_path):
     with FeedbackStore(tmp_path / "b.sqlite") as target:
         assert target.import_(tmp_path / "labels.jsonl") == (3, 0)
         assert without_ids(target.labels()) == without_ids(exported)
+        assert [label.sample for label in target.labels()] == ["random", "random", "chosen"]
         assert target.import_(io.StringIO("\n".join(lines) + "\n")) == (0, 3)  # by uid: all already there
         assert target.count() == 3 and target.stats()["posts"] == 2
 
@@ -276,12 +294,14 @@ def test_export_then_import_gives_the_same_labels(tmp_path):
         ('{"uid": "u"}', "line 3 is not a label: missing"),
         ("GOLD", "line 3 is not a label: gold must be an answer's index, 0..2"),
         ("EXTRA", "line 3 is not a label: unknown field colour"),
+        ("SAMPLE", "line 3 is not a label: sample must be one of random, chosen"),
     ],
 )
 def test_an_import_refuses_a_line_that_is_not_a_label_and_imports_nothing(tmp_path, line, problem):
     good = json.dumps(dataclasses.asdict(make_label(0)))
     line = line.replace("GOLD", good.replace('"gold": 0', '"gold": 3'))
     line = line.replace("EXTRA", good[:-1] + ', "colour": "red"}')
+    line = line.replace("SAMPLE", good.replace('"sample": "random"', '"sample": "picked"'))
     (tmp_path / "in.jsonl").write_text(f"{good}\n\n{line}\n", encoding="utf-8")
     with FeedbackStore(tmp_path / "f.sqlite") as store:
         with pytest.raises(StoreError, match=problem):
