@@ -12,7 +12,9 @@ with their gold answers to `/v1/systemone/feedback`; the last post's `x_feedback
 and labels of the calibration in force for it; (3) the held-out examples are asked again (K = K). Both rounds are
 scored per set and per question kind with `typedlm.offline.metrics` as the simulation scores them: accuracy, ECE
 (15 bins) and its noise floor (the 90th percentile of what a perfectly calibrated model with the same confidences
-would measure on as many answers), and whether the ECE is within that floor + 0.02. Prints the table and writes
+would measure on as many answers), and whether the ECE is within that floor + 0.02; and the answer sets' realised
+coverage, mean size and share guaranteed at `--coverage` (x_coverage, default 0.9), and the share of answers
+committed at `--min-accuracy` (x_min_accuracy, default 0.9) with their accuracy. Prints the table and writes
 the JSON (every held-out answer's probabilities in both rounds included), with what each round's answers used:
 their `x_calibration`, and how many answers used labels at each level (from each answer's `x_feedback`).
 
@@ -54,8 +56,9 @@ class ServerError(Exception):
 class Server:
     """A running `typedlm serve`, over one httpx client (shared by the threads asking held-out examples)."""
 
-    def __init__(self, url: str, api_key: str | None, timeout_s: float):
+    def __init__(self, url: str, api_key: str | None, timeout_s: float, handover: dict[str, float] | None = None):
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.handover = handover or {}  # x_coverage, x_min_accuracy sent with every question asked
         self.url = url.rstrip("/")
         self.client = httpx.Client(base_url=self.url, headers=headers, timeout=timeout_s)
 
@@ -69,7 +72,8 @@ class Server:
         return response.json()
 
     def ask(self, example: Example) -> dict[str, Any]:
-        return self.call("POST", "/v1/systemone", {"state": example.state, "questions": example.questions})
+        body = {"state": example.state, "questions": example.questions, **self.handover}
+        return self.call("POST", "/v1/systemone", body)
 
     def post(self, example: Example, feedback_id: str) -> dict[str, Any]:
         body = {"state": example.state, "questions": example.questions, "gold": example.gold}
@@ -102,6 +106,7 @@ def ask_all(server: Server, examples: Sequence[Example], concurrency: int) -> di
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
         replies = list(pool.map(server.ask, examples))
     predictions, answers = [], []
+    covered, sizes, guaranteed, committed = [], [], [], []  # per answer, where the request asked for them
     methods: Counter[str] = Counter()
     used: Counter[str] = Counter()  # answers by the most specific level of labels they used, and its labels
     for example, reply in zip(examples, replies, strict=True):
@@ -112,13 +117,28 @@ def ask_all(server: Server, examples: Sequence[Example], concurrency: int) -> di
             probs = question.wire_probabilities(answer)
             gold = question.gold_index(example.gold[qid])
             predictions.append(Prediction(question.kind, probs, gold, answer.get("x_raw_mass", 0.0)))
+            if "x_set" in answer:
+                covered.append(question.answer_keys()[gold] in answer["x_set"]["answers"])
+                sizes.append(len(answer["x_set"]["answers"]))
+                guaranteed.append(answer["x_set"]["guaranteed"])
+            if "x_abstain" in answer and not answer["x_abstain"]:
+                committed.append(max(range(len(probs)), key=probs.__getitem__) == gold)
             learned = answer.get("x_feedback")
             used[f"{learned['level']}, {learned['labels']} labels" if learned else "none"] += 1
             answers.append(
                 {"id": example.id, "question": qid, "kind": question.kind, "gold": gold, "probabilities": probs}
             )
+    n = len(predictions)
+    handover = {
+        "coverage": float(np.mean(covered)) if covered else None,  # the share of sets holding the gold answer
+        "set_size": float(np.mean(sizes)) if sizes else None,
+        "guaranteed": float(np.mean(guaranteed)) if guaranteed else None,  # the share of sets with a guarantee
+        "automated_share": len(committed) / n if n else 0.0,
+        "committed_accuracy": float(np.mean(committed)) if committed else None,
+    }
     return {
         "scores": scores(predictions),
+        "handover": handover,
         "x_calibration": dict(methods),
         "labels_used": dict(used),
         "answers": answers,
@@ -176,6 +196,15 @@ def print_table(report: dict[str, Any], k: int) -> None:
                 f"{name:<20} {group:<8} {after['n']:>5} {before['accuracy']:>8.3f} {_cell(before):>16} "
                 f"{after['accuracy']:>8.3f} {_cell(after):>16} {'yes' if after['within'] else 'no':>18}"
             )
+    print("\nanswer sets and selective answers: coverage, mean set size, share guaranteed; share committed, accuracy")
+    for name, entry in report.items():
+        for at in ("K0", "K"):
+            h = entry[at]["handover"]
+            if h["coverage"] is None and not h["automated_share"]:
+                continue
+            cells = [f"{h[key]:.3f}" if h[key] is not None else "-" for key in
+                     ("coverage", "set_size", "guaranteed", "automated_share", "committed_accuracy")]  # fmt: skip
+            print(f"{name:<20} {'K=0' if at == 'K0' else 'K=' + str(entry['k']):<6} " + "  ".join(cells))
     for name, entry in report.items():
         print(f"\n{name}: {entry['k']} posted, {entry['stored']} labels stored")
         print(f"  x_calibration  K=0: {entry['K0']['x_calibration']}  K={entry['k']}: {entry['K']['x_calibration']}")
@@ -200,12 +229,15 @@ def main() -> None:
     parser.add_argument("--out", required=True, type=Path, help="the JSON report")
     parser.add_argument("--concurrency", type=int, default=4, help="held-out requests in flight (default 4)")
     parser.add_argument("--timeout", type=float, default=TIMEOUT_S, help=f"seconds per request (default {TIMEOUT_S:g})")
+    parser.add_argument("--coverage", type=float, default=0.9, help="x_coverage asked of held-out answers (0: none)")
+    parser.add_argument("--min-accuracy", type=float, default=0.9, help="x_min_accuracy asked (0: none)")
     args = parser.parse_args()
     for name in args.sets:
         for split in ("train", "held_out"):
             if not (args.examples / f"{name}.{split}.jsonl").is_file():
                 raise SystemExit(f"no {name}.{split}.jsonl in {args.examples}")
-    server = Server(args.url, args.api_key, args.timeout)
+    handover = {"x_coverage": args.coverage, "x_min_accuracy": args.min_accuracy}
+    server = Server(args.url, args.api_key, args.timeout, {k: v for k, v in handover.items() if v})
     try:
         health = server.call("GET", "/health")
         existing = server.call("GET", "/v1/systemone/feedback")
@@ -226,6 +258,7 @@ def main() -> None:
         "seed": args.seed,
         "held_out": args.held_out,
         "margin": TARGET_MARGIN,
+        "handover": server.handover,
         "sets": report,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
