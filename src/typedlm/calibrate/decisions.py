@@ -115,7 +115,7 @@ class Decisions:
         self._lock = threading.Lock()
 
     def _cached(self, key: tuple, compute):
-        key = (*key, self.out_of_fold.version)
+        key = (*key, *self.out_of_fold.state)
         with self._lock:
             if key in self._cache:
                 return self._cache[key]

@@ -220,8 +220,10 @@ class Feedback:
     # -- polling -----------------------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Learn what is stored now, then poll every `poll_s` for labels other processes store."""
+        """Learn what is stored now, then poll every `poll_s` for labels other processes store; the out-of-fold
+        learners learn on a thread of their own (`OutOfFold.start`)."""
         self.sync()
+        self.calibrator.out_of_fold.start()
         if self._thread is None and self.poll_s > 0:
             self._thread = threading.Thread(target=self._poll, name="typedlm-feedback", daemon=True)
             self._thread.start()
@@ -237,6 +239,7 @@ class Feedback:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
+        self.calibrator.out_of_fold.close()
         self.store.close()
 
     # -- the report --------------------------------------------------------------------------------------------

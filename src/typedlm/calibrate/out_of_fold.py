@@ -15,10 +15,12 @@ theory says (checked by simulation, docs/feedback.md).
 Only fair labels (`x_sample` "random": a fair sample of the traffic) are scored: a label chosen because the answer
 was wrong or hard is not a draw from the traffic a guarantee speaks of. Every label, fair or not, is learned.
 
-The fold learners learn when scores are first asked for after new labels (`catch_up`: all the new labels at once, one
-refit per level they touch), so a post costs what it cost before and the first answer set or report after it pays
-the folds' refits. A level's `Scored` is kept until the next label (any label: a fit at the kind level moves every
-family's answers); `MAX_LEVEL_LABELS` latest fair labels per level, `MAX_RECORDS` labels in all.
+The fold learners learn new labels on a thread of their own (`start`; `catch_up`: all the labels added since at once,
+one refit per level they touch), so neither a post nor an answer waits for their refits. Until they have, a new
+label is scored by its fold's learner as it stands, which has not seen it either: every score stays out of fold
+whenever it is read. Without the thread (`start` not called: the simulation, a library user) scores are caught up
+when asked for. A level's `Scored` is kept until the next label or refit (`state`: a fit at the kind level moves
+every family's answers); `MAX_LEVEL_LABELS` latest fair labels per level, `MAX_RECORDS` labels in all.
 """
 
 from __future__ import annotations
@@ -56,59 +58,91 @@ class OutOfFold:
         self.records: dict[int, Record] = {}
         self.order: deque[int] = deque()  # record ids, oldest first
         self.members: dict[tuple[str, str], deque[int]] = {}  # (level, key) -> its fair labels' ids, oldest first
-        self.version = 0  # labels added so far: a cached `Scored` is good until this moves
-        self._cache: dict[tuple[str, str], tuple[int, Scored]] = {}
-        self._lock = threading.Lock()  # the cache
+        self.version = 0  # labels added so far
+        self.refits = 0  # catch-ups done: with `version`, what a cached `Scored` was computed at (`state`)
+        self._cache: dict[tuple[str, str], tuple[tuple[int, int], Scored]] = {}
+        self._lock = threading.Lock()  # the cache, the records and the members
         self.pending: list[tuple[int, dict[str, str], Sample]] = []  # labels the fold learners have not learned yet
-        self._fit_lock = threading.Lock()  # the fold learners and `pending`
+        self._fit_lock = threading.Lock()  # the fold learners: one catch-up at a time
+        self._pending_lock = threading.Lock()
+        self._wake = threading.Event()  # set by `add`: the thread has labels to teach
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def state(self) -> tuple[int, int]:
+        """What the scores depend on: the labels added and the fold learners' refits."""
+        return self.version, self.refits
+
+    def start(self) -> None:
+        """Teach the fold learners on a thread of their own from now on (see the module)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="typedlm-out-of-fold", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait()
+            self._wake.clear()
+            if not self._stop.is_set():
+                self.catch_up()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join()
 
     def catch_up(self) -> None:
         """Teach the fold learners every label added since they last learned (one refit per level touched, for
-        all of them at once): done when scores are first asked for, not on every post."""
+        all of them at once)."""
         with self._fit_lock:
-            pending, self.pending = self.pending, []
+            with self._pending_lock:
+                pending, self.pending = self.pending, []
             if pending:
                 for fold, learner in enumerate(self.learners):
                     learner.add((keys, sample) for label_id, keys, sample in pending if label_id % self.folds != fold)
+                self.refits += 1
 
     def add(self, labeled: Iterable[tuple[int, dict[str, str], Sample, bool]]) -> None:
         """Labels (each its id, its question's keys, its sample and whether it is fair), learned by every fold's
         learner but its own; the fair ones kept for scoring."""
         labeled = list(labeled)
-        with self._fit_lock:
+        with self._pending_lock:  # never waits for a refit
             self.pending += [(label_id, keys, sample) for label_id, keys, sample, _ in labeled]
-        for label_id, keys, sample, fair in labeled:
-            if not fair:
-                continue
-            self.records[label_id] = Record(label_id % self.folds, keys, sample)
-            self.order.append(label_id)
-            for level in LEVELS:
-                members = self.members.setdefault((level, keys[level]), deque(maxlen=MAX_LEVEL_LABELS))
-                members.append(label_id)
-        while len(self.order) > MAX_RECORDS:
-            del self.records[self.order.popleft()]
+        with self._lock:  # the records and members, as `scored` reads them from other threads
+            for label_id, keys, sample, fair in labeled:
+                if not fair:
+                    continue
+                self.records[label_id] = Record(label_id % self.folds, keys, sample)
+                self.order.append(label_id)
+                for level in LEVELS:
+                    members = self.members.setdefault((level, keys[level]), deque(maxlen=MAX_LEVEL_LABELS))
+                    members.append(label_id)
+            while len(self.order) > MAX_RECORDS:
+                del self.records[self.order.popleft()]
         self.version += len(labeled)
+        self._wake.set()
 
     def count(self, level: str, key: str) -> int:
         """The fair labels a level holds (those scored: their records kept)."""
-        return sum(1 for i in self.members.get((level, key), ()) if i in self.records)
+        with self._lock:
+            return sum(1 for i in self.members.get((level, key), ()) if i in self.records)
 
     def scored(self, level: str, key: str) -> Scored | None:
         """The level's fair labels, each as its fold's learner answers it (None: none)."""
-        version = self.version
+        if self._thread is None:
+            self.catch_up()
+        version = self.state
         with self._lock:
             cached = self._cache.get((level, key))
             if cached is not None and cached[0] == version:
                 return cached[1]
-        self.catch_up()
         with self._lock:
-            cached = self._cache.get((level, key))
-            if cached is not None and cached[0] == version:
-                return cached[1]
-        ids = [i for i in self.members.get((level, key), ()) if i in self.records]
-        if not ids:
+            records = [self.records[i] for i in self.members.get((level, key), ()) if i in self.records]
+        if not records:
             return None
-        scored = self._score([self.records[i] for i in ids])
+        scored = self._score(records)
         with self._lock:
             self._cache[(level, key)] = (version, scored)
         return scored

@@ -55,12 +55,14 @@ def _run(keys, train, held, order, alpha, target) -> dict[str, float]:
     decisions = Decisions(folds)
     base_q = split_quantile(np.asarray([1.0 - train[i].probs[train[i].gold] for i in order]), alpha)
     covered, sizes, base_covered, base_sizes, levels, committed, right = [], [], [], [], [], [], []
+    online = 0  # answers whose set came from the online variant (the level's stream judged to have drifted)
     for key, s in zip(keys["held_out"], held, strict=True):
         probs, _ = learner.calibrate(key, s.probs, s.mass, s.disagreement)
         chosen = decisions.answer_set(key, probs, s.probs, 1 - alpha)
         covered.append(s.gold in chosen.answers)
         sizes.append(len(chosen.answers))
         levels.append(chosen.labels)
+        online += chosen.guarantee == "long-run"
         baseline = answer_set(list(s.probs), base_q)
         base_covered.append(s.gold in baseline)
         base_sizes.append(len(baseline))
@@ -76,6 +78,7 @@ def _run(keys, train, held, order, alpha, target) -> dict[str, float]:
         "baseline_set_size": float(np.mean(base_sizes)),
         "committed": float(len(committed)),
         "automated_share": len(committed) / len(held),
+        "online_share": online / len(held),
         "committed_accuracy": float(np.mean(right)) if right else None,
     }
 
