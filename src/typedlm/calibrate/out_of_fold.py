@@ -15,8 +15,9 @@ theory says (checked by simulation, docs/feedback.md).
 Only fair labels (`x_sample` "random": a fair sample of the traffic) are scored: a label chosen because the answer
 was wrong or hard is not a draw from the traffic a guarantee speaks of. Every label, fair or not, is learned.
 
-The fold learners learn new labels on a thread of their own (`start`; `catch_up`: all the labels added since at once,
-one refit per level they touch), so neither a post nor an answer waits for their refits. Until they have, a new
+The fold learners learn new labels on a thread of their own, at a lower priority (`start`; `catch_up`: all the labels
+added since at once, one refit per level they touch, once the labels pause for `QUIET_S` or `CATCH_UP_WAIT_S` after
+the first), so neither a post nor an answer waits for their refits. Until they have, a new
 label is scored by its fold's learner as it stands, which has not seen it either: every score stays out of fold
 whenever it is read. Without the thread (`start` not called: the simulation, a library user) scores are caught up
 when asked for. A level's `Scored` is kept until the next label or refit (`state`: a fit at the kind level moves
@@ -25,7 +26,10 @@ every family's answers); `MAX_LEVEL_LABELS` latest fair labels per level, `MAX_R
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
+import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -36,6 +40,9 @@ from typedlm.calibrate.guarantees import Scored
 from typedlm.calibrate.learning import LEVELS, MAX_LEVEL_LABELS, MAX_SAMPLE_BYTES, Learner, Sample
 
 FOLDS = 5
+QUIET_S = 0.25  # the fold learners learn once no label has come for this long...
+CATCH_UP_WAIT_S = 2.0  # ... or this long after the first label they have not learned
+NICENESS = 10  # their thread's scheduling priority below the others'
 MAX_RECORDS = 200_000  # the labels whose samples are kept for scoring (the latest)
 
 
@@ -81,8 +88,17 @@ class OutOfFold:
             self._thread.start()
 
     def _run(self) -> None:
+        with contextlib.suppress(AttributeError, OSError):  # below the threads that answer and post (Linux)
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICENESS)
         while not self._stop.is_set():
             self._wake.wait()
+            first = time.monotonic()
+            # labels come in bursts (a batch job's gold column, a team labelling a queue): wait for a quiet
+            # moment, at most `CATCH_UP_WAIT_S`, so that one refit learns the burst
+            while time.monotonic() - first < CATCH_UP_WAIT_S and not self._stop.is_set():
+                self._wake.clear()
+                if not self._wake.wait(QUIET_S):
+                    break
             self._wake.clear()
             if not self._stop.is_set():
                 self.catch_up()

@@ -34,6 +34,7 @@ KS = (25, 50, 100, 200)
 SEEDS = 20
 ALPHA = 0.1
 TARGET_ACCURACY = 0.9
+ALSO_TARGETS = (0.95,)  # selective answers measured at these accuracies too
 MIN_COMMITTED = 20  # the selective target is judged on sets that commit at least this many held-out answers
 
 
@@ -46,7 +47,7 @@ def beta_moments(n: int, alpha: float) -> tuple[float, float] | None:
     return a / (a + b), math.sqrt(a * b / ((a + b) ** 2 * (a + b + 1)))
 
 
-def _run(keys, train, held, order, alpha, target) -> dict[str, float]:
+def _run(keys, train, held, order, alpha, target, also=()) -> dict[str, Any]:
     """One stream order: K labels posted, the held-out answers' sets and abstentions."""
     learner, folds = Learner(), OutOfFold()
     labeled = [(keys["train"][i], train[i]) for i in order]
@@ -56,6 +57,7 @@ def _run(keys, train, held, order, alpha, target) -> dict[str, float]:
     base_q = split_quantile(np.asarray([1.0 - train[i].probs[train[i].gold] for i in order]), alpha)
     covered, sizes, base_covered, base_sizes, levels, committed, right = [], [], [], [], [], [], []
     online = 0  # answers whose set came from the online variant (the level's stream judged to have drifted)
+    extra: dict[float, list[bool]] = {other: [] for other in also}  # committed answers' rightness at other targets
     for key, s in zip(keys["held_out"], held, strict=True):
         probs, _ = learner.calibrate(key, s.probs, s.mass, s.disagreement)
         chosen = decisions.answer_set(key, probs, s.probs, 1 - alpha)
@@ -70,6 +72,9 @@ def _run(keys, train, held, order, alpha, target) -> dict[str, float]:
         if not decisions.selective(key, probs[top], target).abstain:
             committed.append(1)
             right.append(top == s.gold)
+        for other in also:
+            if not decisions.selective(key, probs[top], other).abstain:
+                extra[other].append(top == s.gold)
     return {
         "coverage": float(np.mean(covered)),
         "set_size": float(np.mean(sizes)),
@@ -80,6 +85,7 @@ def _run(keys, train, held, order, alpha, target) -> dict[str, float]:
         "automated_share": len(committed) / len(held),
         "online_share": online / len(held),
         "committed_accuracy": float(np.mean(right)) if right else None,
+        "also": {other: (len(rights), sum(rights)) for other, rights in extra.items()},
     }
 
 
@@ -92,9 +98,10 @@ def simulate_guarantees(
     seeds: int = SEEDS,
     alpha: float = ALPHA,
     target: float = TARGET_ACCURACY,
+    also: Sequence[float] = ALSO_TARGETS,
 ) -> dict[str, Any]:
     """Per set and K: the realised coverage over `seeds` orders (mean, spread, theory's), set sizes against the
-    baseline, and the selective answers at `target` (see the module)."""
+    baseline, and the selective answers at `target` (and at each of `also`: `selective`) (see the module)."""
     bases = {kind: v.base for kind, v in variants.items()}
     fitted = defaults(readouts, variants)
     report: dict[str, Any] = {}
@@ -108,13 +115,14 @@ def simulate_guarantees(
         curve = {}
         for k in ks:
             runs = [
-                _run(keys, train, held, np.random.default_rng(seed).permutation(len(train))[:k], alpha, target)
+                _run(keys, train, held, np.random.default_rng(seed).permutation(len(train))[:k], alpha, target, also)
                 for seed in range(seeds)
             ]
             coverage = np.asarray([r["coverage"] for r in runs])
             theory = beta_moments(round(float(np.mean([r["labels_used"] for r in runs]))), alpha)
             m = len(held)
-            mean = {key: float(np.mean([r[key] for r in runs])) for key in runs[0] if key != "committed_accuracy"}
+            skip = ("committed_accuracy", "also")
+            mean = {key: float(np.mean([r[key] for r in runs])) for key in runs[0] if key not in skip}
             accuracies = [r["committed_accuracy"] for r in runs if r["committed_accuracy"] is not None]
             # the committed answers' accuracy over every order's committed answers together
             right = sum(r["committed_accuracy"] * r["committed"] for r in runs if r["committed"])
@@ -127,6 +135,17 @@ def simulate_guarantees(
                 "theory_mean": theory[0] if theory else None,
                 # the spread theory allows: the Beta law's and the held-out sample's own binomial noise
                 "theory_sd": math.sqrt(theory[1] ** 2 + theory[0] * (1 - theory[0]) / m) if theory else None,
+                "selective": {
+                    str(other): {
+                        "automated_share": sum(r["also"][other][0] for r in runs) / (m * len(runs)),
+                        "committed_accuracy": (
+                            sum(r["also"][other][1] for r in runs) / sum(r["also"][other][0] for r in runs)
+                            if any(r["also"][other][0] for r in runs)
+                            else None
+                        ),
+                    }
+                    for other in also
+                },
             }
         report[name] = {"n_train": len(train), "n_held_out": len(held), "K": curve}
     return report
