@@ -8,8 +8,8 @@ samples, about new documents) for every question, so every answer's set and abst
 of fold. Then each round asks one request about a new document with and without the two fields, in alternating
 order; the table gives the medians (and 90th percentiles) of both and of their difference. Timed apart: the
 handover step alone (`hand_over` of every answer of a request, cached scores), and the first request that asks for
-sets right after a post (the fold learners learning the new label on their own thread meanwhile, `OutOfFold`). Ends with one JSON line
-and writes it to results/handover/DATE[-label].json.
+sets right after a post (the fold learners learning the new label on their own thread meanwhile, `OutOfFold`).
+Ends with one JSON line and writes it to results/handover/DATE[-label].json.
 """
 
 from __future__ import annotations
