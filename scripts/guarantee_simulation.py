@@ -88,8 +88,13 @@ def main() -> None:
                 if c["committed"]
                 else "none"
             )
+            also = "  ".join(
+                f"at {t}: {v['committed_accuracy']:.3f}, {v['automated_share']:.3f}"
+                for t, v in c["selective"].items()
+                if v["committed_accuracy"] is not None
+            )
             print(f"  {name:<20} {c['coverage']:.3f} ({c['coverage_sd']:.3f}; {theory})  "
-                  f"{c['set_size']:.2f} ({c['baseline_set_size']:.2f})  {committed}")  # fmt: skip
+                  f"{c['set_size']:.2f} ({c['baseline_set_size']:.2f})  {committed}  {also}")  # fmt: skip
     print(f"\ndrift {drifted['first']} -> {drifted['second']}: miss rate after the switch, split "
           f"{drifted['split_after']:.3f}, online {drifted['online_after']:.3f} (alpha {args.alpha:g})")  # fmt: skip
 
