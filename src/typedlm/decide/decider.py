@@ -210,8 +210,7 @@ class Decider:
 
     def respond(self, body: Any) -> dict[str, Any]:
         """A whole `/v1/systemone` request body → the response body."""
-        request = parse_request(body)
-        r = request
+        r = parse_request(body)
         return self.decide(r.state, r.questions, r.calibration, r.order_reads, r.handover).to_wire()
 
     def read(
