@@ -211,7 +211,7 @@ def main() -> None:
     timed_steps(static_inputs.Slot, "fill", "fill")
     timed_steps(torch.cuda.CUDAGraph, "replay", "replay")
     timed_steps(forwards, "group_masses", "masses")
-    timed_steps(Decider, "_priors", "priors")
+    timed_steps(decider.calibrators.contextual, "priors", "priors")  # the content-free priors, where read
     report = {
         "benchmark": "request_steps",
         "device": torch.cuda.get_device_name(args.device) if cuda else "cpu",
