@@ -8,6 +8,8 @@ import json
 
 import httpx
 import pytest
+from pydantic import BaseModel
+from typesafe_sdk import Noul, TypeSafeClient
 from typesafe_sdk._schemas.models import SystemOneResponse
 
 from typedlm.core.errors import InvalidRequest
@@ -16,6 +18,13 @@ from typedlm.server import ServerSettings, create_app
 
 from ..conftest import ServerThread
 from .test_feedback import BILLING, DOCUMENTS, TEAM, assert_same_answers, body, loaded  # noqa: F401 (the module's model fixture)
+
+
+class Kept(BaseModel):
+    """A caller's own response model for the SDK's response_model: every answer's fields, x_ ones included."""
+
+    answers: dict[str, dict]
+
 
 SCORE = {"type": "score", "instructions": "How urgent is it?", "criteria": ["not", "somewhat", "very"]}
 ASKED = {"x_coverage": 0.8, "x_min_accuracy": 0.9}
@@ -89,6 +98,15 @@ def test_over_http_the_sets_the_chat_route_and_a_bad_sample_answer_as_documented
         completion = httpx.post(f"{url}/v1/chat/completions", json=chat, timeout=60).json()
         content = json.loads(completion["choices"][0]["message"]["content"])
         assert content["team"]["x_abstain"] is True and content["team"]["x_threshold"] is None
+        # the official SDK sends them as its extra_body; its typed answers parse (and drop x_ fields, as they drop
+        # x_raw_mass), and its response_model keeps them
+        with TypeSafeClient(api_key="local", base_url=url) as client:
+            asked = ({"billing": Noul(instructions=BILLING["instructions"])},)
+            extra = {"x_coverage": 0.9, "x_min_accuracy": 0.95}
+            typed = client.system_one(DOCUMENTS[1], *asked, extra_body=extra)
+            kept = client.system_one(DOCUMENTS[1], *asked, extra_body=extra, response_model=Kept)
+        assert 0 <= typed.answers["billing"].noul <= 1
+        assert kept.answers["billing"]["x_set"]["coverage"] == 0.9 and kept.answers["billing"]["x_abstain"] is True
         schema = httpx.get(f"{url}/openapi.json", timeout=30).json()["components"]["schemas"]
         assert {"x_coverage", "x_min_accuracy"} <= schema["SystemOneRequest"]["properties"].keys()
         assert "x_sample" in schema["FeedbackRequest"]["properties"]
