@@ -55,10 +55,7 @@ def plot(report: dict, path: Path, title: str, alpha: float) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True, help="the named model whose shipped calibration is the default")
-    parser.add_argument("--readouts", required=True, type=Path)
-    parser.add_argument("--examples", required=True, type=Path)
-    parser.add_argument("--out", required=True, type=Path)
+    SimulationInputs.add_arguments(parser)
     parser.add_argument("--seeds", type=int, default=SEEDS, help=f"orders of the stream (default {SEEDS})")
     parser.add_argument("--ks", type=int, nargs="+", default=list(KS))
     parser.add_argument("--alpha", type=float, default=ALPHA, help=f"miss rate of the sets (default {ALPHA})")

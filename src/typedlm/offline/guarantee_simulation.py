@@ -24,11 +24,11 @@ import numpy as np
 
 from typedlm.calibrate.decisions import Decisions
 from typedlm.calibrate.guarantees import answer_set, online_run, quantile_rank, split_misses, split_quantile
-from typedlm.calibrate.learning import Learner, question_keys
+from typedlm.calibrate.learning import Learner
 from typedlm.calibrate.out_of_fold import OutOfFold
 from typedlm.core.questions import Question
 from typedlm.offline.readouts import Readout
-from typedlm.offline.simulation import ShippedVariant, defaults, samples_of
+from typedlm.offline.simulation import ShippedVariant, defaults, labeled_sets, samples_of
 
 KS = (25, 50, 100, 200)
 SEEDS = 20
@@ -105,13 +105,7 @@ def simulate_guarantees(
     bases = {kind: v.base for kind, v in variants.items()}
     fitted = defaults(readouts, variants)
     report: dict[str, Any] = {}
-    for name, splits in readouts.items():
-        keys = {
-            split: [question_keys(questions[name][(r.example, r.question)], prompt_version) for r in rows]
-            for split, rows in splits.items()
-        }
-        train = samples_of(splits["train"], fitted[name]["train"], bases, 1)
-        held = samples_of(splits["held_out"], fitted[name]["held_out"], bases, 1)
+    for name, (keys, train, held) in labeled_sets(readouts, questions, fitted, bases, prompt_version):
         curve = {}
         for k in ks:
             runs = [

@@ -17,7 +17,7 @@ predicted from the stream's statistics, fitted leave-one-set-out.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,6 +110,26 @@ def samples_of(rows: Sequence[Readout], predictions: Sequence[Prediction], bases
     ]
 
 
+def labeled_sets(
+    readouts: Mapping[str, Mapping[str, Sequence[Readout]]],
+    questions: Mapping[str, Mapping[tuple[str, str], Question]],
+    fitted: Mapping[str, Mapping[str, Sequence[Prediction]]],
+    bases: Mapping[str, str],
+    prompt_version: str,
+    reads: int = 1,
+) -> Iterator[tuple[str, tuple[dict[str, list[dict[str, str]]], list[Sample], list[Sample]]]]:
+    """Per set, as a new user's task: each split's questions' keys (as the server keys labels), and its train and
+    held-out answers as the learner sees them, through the default fitted without the set (`fitted`: `defaults`)."""
+    for name, splits in readouts.items():
+        keys = {
+            split: [question_keys(questions[name][(r.example, r.question)], prompt_version) for r in rows]
+            for split, rows in splits.items()
+        }
+        train = samples_of(splits["train"], fitted[name]["train"], bases, reads)
+        held = samples_of(splits["held_out"], fitted[name]["held_out"], bases, reads)
+        yield name, (keys, train, held)
+
+
 def simulate(
     readouts: Mapping[str, Mapping[str, Sequence[Readout]]],
     questions: Mapping[str, Mapping[tuple[str, str], Question]],
@@ -125,13 +145,8 @@ def simulate(
     bases = {kind: v.base for kind, v in variants.items()}
     fitted = defaults(readouts, variants, balanced, reads)
     report: dict[str, Any] = {}
-    for name, splits in readouts.items():
-        keys = {
-            split: [question_keys(questions[name][(r.example, r.question)], prompt_version) for r in rows]
-            for split, rows in splits.items()
-        }
-        train = samples_of(splits["train"], fitted[name]["train"], bases, reads)
-        held = samples_of(splits["held_out"], fitted[name]["held_out"], bases, reads)
+    for name, (keys, train, held) in labeled_sets(readouts, questions, fitted, bases, prompt_version, reads):
+        splits = readouts[name]
         raw = calibrated(answers_of(splits["held_out"], CalibrationMethod.RAW, reads), {})
         curve = {}
         for k in ks:

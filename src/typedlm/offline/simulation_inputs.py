@@ -10,6 +10,7 @@ kind and the prompt version. Shared by the feedback simulation and the guarantee
 
 from __future__ import annotations
 
+import argparse
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -49,6 +50,14 @@ class SimulationInputs:
     prompt_version: str
     readouts: dict[str, dict[str, list[Readout]]]  # set -> split -> readouts
     questions: dict[str, dict[tuple[str, str], Question]]  # set -> (example id, question id) -> question
+
+    @staticmethod
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        """A simulation script's inputs and output: --model, --readouts, --examples, --out."""
+        parser.add_argument("--model", required=True, help="the named model whose shipped calibration is the default")
+        parser.add_argument("--readouts", required=True, type=Path)
+        parser.add_argument("--examples", required=True, type=Path)
+        parser.add_argument("--out", required=True, type=Path)
 
     @classmethod
     def load(cls, model: str, readouts: Path, examples: Path) -> SimulationInputs:
