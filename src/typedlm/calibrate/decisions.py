@@ -156,16 +156,25 @@ class Decisions:
         """The set for `coverage` (1 − α) of an answer whose probabilities are `probs` (the default's: `base`), from
         the most specific level with enough labels."""
         alpha = 1.0 - coverage
-        rules = [(level, self._rule(level, keys[level], alpha)) for level in LEVELS]
-        held = [(level, rule) for level, rule in rules if rule is not None]
+        # which level speaks, from the levels' label counts alone: only that level's rule is computed
+        counts = {level: self._count(level, keys[level]) for level in LEVELS}
+        held = [level for level in LEVELS if counts[level] >= labels_needed(alpha)]
+        settled = [level for level in held if counts[level] >= settled_labels(alpha)]
         if held:
-            settled = [(level, rule) for level, rule in held if rule.labels >= settled_labels(alpha)]
             # the most specific settled, else the most labeled (of equals, the most specific)
-            level, rule = settled[0] if settled else max(held, key=lambda item: item[1].labels)
-            answers = answer_set(base if rule.default else probs, rule.q)
-            scores = "default" if rule.default else "feedback"
-            return AnswerSet(answers, coverage, rule.labels, level, rule.guarantee, scores)
+            level = settled[0] if settled else max(held, key=counts.__getitem__)
+            rule = self._rule(level, keys[level], alpha)
+            if rule is not None:
+                answers = answer_set(base if rule.default else probs, rule.q)
+                scores = "default" if rule.default else "feedback"
+                return AnswerSet(answers, coverage, rule.labels, level, rule.guarantee, scores)
         return AnswerSet(list(range(len(probs))), coverage, 0, "default", "none", "none")
+
+    def _count(self, level: str, key: str) -> int:
+        """The fair labels a level holds, counted once per label count. A rule's labels are this count, or the
+        online variant's window where that is smaller, which is never below a settled count (at most 98, at
+        α = 0.5): so the counts choose the level as the rules would."""
+        return self._cached(("count", level, key), lambda: self.out_of_fold.count(level, key))
 
     def _certificate(self, level: str, key: str, target: float) -> tuple[Certificate | None, int]:
         def compute():
