@@ -142,8 +142,10 @@ class Engine:
         document or question sees another's tokens), else one forward each. Results in the documents' order."""
         return self.launch_many(documents, keep_prefix).results()
 
-    def launch_many(self, documents: Sequence[Work], keep_prefix: bool = True) -> InFlight:
+    def launch_many(self, documents: Sequence[Work], keep_prefix: bool = True, features: bool = False) -> InFlight:
         """`run_many`, returned as soon as its forward is queued (see `forwards.InFlight`): each document's new
-        prefix at once, the masses from `wait()`. Only a static forward on a GPU returns before it is done."""
+        prefix at once, the masses from `wait()`; with `features`, each item's hidden state at its decision row
+        (exactly what the LM head read there) from `features()`. Only a static forward on a GPU returns before it
+        is done."""
         with self._turn():
-            return self.forward.launch_many(documents, keep_prefix)
+            return self.forward.launch_many(documents, keep_prefix, features)

@@ -24,7 +24,9 @@ whatever else the request asks, in any order, and whether its document came from
 Around the rule, what the decider reads from an engine: a prefix (`FakePrefix`) is the token ids it holds,
 PREFIX_TOKEN_BYTES each; the memory budget is the real `ForwardBudget`'s formula at FORWARD_TOKEN_BYTES per token
 (and its count of the questions' masks, no attention's); the features are an eager engine's, one document per
-forward (no batching); `max_positions` is the model's setting.
+forward (no batching); `max_positions` is the model's setting. A read's "hidden state" at its decision row
+(`launch_many(..., features=True)`) is the histogram of its context's ids modulo HIDDEN_SIZE, as shares: a
+function of what the question read, as the real one is, so a readout can be learned from it.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ MAX_POSITIONS = 32768  # the fake model's context, unless told
 PREFIX_TOKEN_BYTES = 8  # what a prefix holds per token (its id), for the prefix cache's budget
 FORWARD_TOKEN_BYTES = 4096  # what a forward is taken to hold per token, for the memory limit...
 KV_TOKEN_BYTES = 1024  # ...of which keys and values (the rest: activations)
+HIDDEN_SIZE = 64  # the fake model's "hidden state" (see the module)
 
 
 @dataclass(frozen=True)
@@ -234,7 +237,24 @@ class FakeEngine:
     def run_many(self, documents: Sequence[Work], keep_prefix: bool = True) -> list[tuple[Masses, FakePrefix | None]]:
         return self.launch_many(documents, keep_prefix).results()
 
-    def launch_many(self, documents: Sequence[Work], keep_prefix: bool = True) -> InFlight:
+    def launch_many(self, documents: Sequence[Work], keep_prefix: bool = True, features: bool = False) -> InFlight:
         """One document at a time, done before it returns (as the real engine's eager forwards)."""
         results = [self.run(ids, items, base, keep_prefix) for ids, items, base in documents]
-        return InFlight([prefix for _, prefix in results], lambda: [masses for masses, _ in results])
+        contexts = [self.prefill(ids, base)[0].ids for ids, _, base in documents]
+
+        def rows() -> list[np.ndarray]:
+            return [
+                np.stack([hidden(context, item) for item in items]) if items else np.zeros((0, HIDDEN_SIZE), np.float32)
+                for context, (_, items, _) in zip(contexts, documents)
+            ]
+
+        return InFlight(
+            [prefix for _, prefix in results], lambda: [masses for masses, _ in results], rows if features else None
+        )
+
+
+def hidden(context: Sequence[int], item: PackedItem) -> np.ndarray:
+    """A read's fake hidden state at its decision row [HIDDEN_SIZE]: its context's ids (the prefix's, its suffix's)
+    modulo HIDDEN_SIZE, as shares (float32)."""
+    ids = np.asarray([*context, *item.suffix_ids], dtype=np.int64) % HIDDEN_SIZE
+    return (np.bincount(ids, minlength=HIDDEN_SIZE) / max(len(ids), 1)).astype(np.float32)

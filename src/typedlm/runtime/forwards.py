@@ -8,7 +8,9 @@
 - `StaticForward`: that one forward with bucketed static shapes, replayed as a CUDA graph on CUDA (`graphs`).
 
 `EagerBody` is what the eager strategies share: the body run with transformers' cache, the cascade's plans,
-and the masks for layers that do not run the cascade. All of them read only the read rows through the head.
+and the masks for layers that do not run the cascade. All of them read only the read rows through the head, and
+`launch_many(..., features=True)` also returns each item's hidden state at its decision row (`head.decision_rows`),
+from the same forward; without it nothing of the hidden states is kept or copied.
 """
 
 from __future__ import annotations
@@ -33,15 +35,18 @@ Ids = Sequence[int] | np.ndarray
 
 Work = tuple[Ids, Sequence[PackedItem], PrefixKV | None]  # one document: its new tokens, questions, cached prefix
 Masses = list[list[float]]  # one document's: the mass of every answer group, per item
+Read = tuple[Masses, PrefixKV | None, np.ndarray | None]  # one document's masses, new prefix and features
 
 
 @dataclass(frozen=True)
 class InFlight:
     """Documents' forward launched (`launch_many`): each document's new prefix (or None) at once, its masses
-    once the forward is done (`wait`, called once)."""
+    once the forward is done (`wait`, called once) and, where the launch asked for them, its items' decision rows'
+    hidden states [items, D] (`features`, called after `wait`)."""
 
     prefixes: list[PrefixKV | None]
     wait: Callable[[], list[Masses]]
+    features: Callable[[], list[np.ndarray]] | None = None
 
     def results(self) -> list[tuple[Masses, PrefixKV | None]]:
         return list(zip(self.wait(), self.prefixes, strict=True))
@@ -61,21 +66,32 @@ class Forward(Protocol):
         """`run` for each of several documents (in one forward where the strategy can)."""
         ...
 
-    def launch_many(self, documents: Sequence[Work], keep_prefix: bool) -> InFlight:
+    def launch_many(self, documents: Sequence[Work], keep_prefix: bool, features: bool = False) -> InFlight:
         """`run_many` without waiting where the strategy can (the static forward on a GPU): the host is free
-        while the device works."""
+        while the device works; with `features`, the items' decision rows too (`InFlight.features`)."""
         ...
 
 
 class OneAtATime:
-    """`run_many` as one `run` per document: for the eager strategies (they finish before they return)."""
+    """`run_many` as one `read` per document: for the eager strategies (they finish before they return)."""
+
+    def read(self, ids: Ids, items: Sequence[PackedItem], base, keep_prefix: bool, features: bool) -> Read:
+        raise NotImplementedError
+
+    def run(self, ids, items, base, keep_prefix):
+        masses, prefix, _ = self.read(ids, items, base, keep_prefix, False)
+        return masses, prefix
 
     def run_many(self, documents, keep_prefix):
         return [self.run(ids, items, base, keep_prefix) for ids, items, base in documents]
 
-    def launch_many(self, documents, keep_prefix):
-        results = self.run_many(documents, keep_prefix)
-        return InFlight([prefix for _, prefix in results], lambda: [masses for masses, _ in results])
+    def launch_many(self, documents, keep_prefix, features=False):
+        results = [self.read(ids, items, base, keep_prefix, features) for ids, items, base in documents]
+        return InFlight(
+            [prefix for _, prefix, _ in results],
+            lambda: [masses for masses, _, _ in results],
+            (lambda: [rows for _, _, rows in results]) if features else None,
+        )
 
 
 def snapshot(kv_cache, length: int) -> PrefixKV:
@@ -131,13 +147,19 @@ class EagerBody:
             masks["sliding_attention"] = fmt(batch.attention_mask(self.shape.sliding_window))
         return masks
 
-    @torch.inference_mode()
     def score_suffixes(self, kv_cache, prefix_len: int, items: Sequence[PackedItem]) -> list[list[float]]:
         """Total probability mass of each answer group of each item, from ONE forward over the packed items.
 
         The cache must hold exactly `prefix_len` tokens; it is extended by the packed rows and should
         not be reused afterwards.
         """
+        return self.read_suffixes(kv_cache, prefix_len, items)[0]
+
+    @torch.inference_mode()
+    def read_suffixes(
+        self, kv_cache, prefix_len: int, items: Sequence[PackedItem], features: bool = False
+    ) -> tuple[list[list[float]], np.ndarray | None]:
+        """`score_suffixes`, and with `features` each item's decision row's hidden state [items, D]."""
         assert hf.cache_length(kv_cache) == prefix_len, "the cache must hold exactly the prefix"
         batch = pack(prefix_len, items)
         # input_ids, position_ids: [1, N]
@@ -145,7 +167,7 @@ class EagerBody:
         position_ids = torch.from_numpy(batch.position_ids).to(self.device)[None]
         plan = self.plan(batch, prefix_len) if self.cascade else None
         hidden = hf.run_body(self.body, input_ids, position_ids, kv_cache, plan, self.masks(batch))
-        return self.head.masses(batch, hidden[0])
+        return self.head.masses(batch, hidden[0], features)
 
 
 class TwoForwards(OneAtATime):
@@ -155,10 +177,10 @@ class TwoForwards(OneAtATime):
         self.eager = eager
 
     @torch.inference_mode()
-    def run(self, ids, items, base, keep_prefix):
+    def read(self, ids, items, base, keep_prefix, features):
         kv_cache, prefix_len = self.eager.prefill(ids, base)
-        masses = self.eager.score_suffixes(kv_cache, prefix_len, items)
-        return masses, snapshot(kv_cache, prefix_len) if keep_prefix else None
+        masses, rows = self.eager.read_suffixes(kv_cache, prefix_len, items, features)
+        return masses, snapshot(kv_cache, prefix_len) if keep_prefix else None, rows
 
 
 class OneForward(OneAtATime):
@@ -168,7 +190,7 @@ class OneForward(OneAtATime):
         self.eager = eager
 
     @torch.inference_mode()
-    def run(self, ids, items, base, keep_prefix):
+    def read(self, ids, items, base, keep_prefix, features):
         eager = self.eager
         kv_cache = hf.new_cache(base.layers if base else ())
         start = base.length if base else 0
@@ -181,8 +203,8 @@ class OneForward(OneAtATime):
         positions = [*range(start, prefix_len), *batch.position_ids.tolist()]
         position_ids = torch.tensor([positions], device=eager.device)
         hidden = hf.run_body(eager.body, input_ids, position_ids, kv_cache, plan, eager.no_masks)
-        masses = eager.head.masses(batch, hidden[0, len(ids) :])
-        return masses, snapshot(kv_cache, prefix_len) if keep_prefix else None
+        masses, rows = eager.head.masses(batch, hidden[0, len(ids) :], features)
+        return masses, snapshot(kv_cache, prefix_len) if keep_prefix else None, rows
 
 
 class StaticForward:
@@ -201,13 +223,13 @@ class StaticForward:
         return self.launch_many(documents, keep_prefix).results()
 
     @torch.inference_mode()
-    def launch_many(self, documents, keep_prefix):
+    def launch_many(self, documents, keep_prefix, features=False):
         """`run_many`'s forward queued on the device (`graphs.StaticRunner.launch_documents`)."""
         prefix_lens = [(base.length if base else 0) + len(ids) for ids, _, base in documents]
         batch = pack_documents(prefix_lens, [items for _, items, _ in documents])
         rows = [sum(item.rows for item in items) for _, items, _ in documents]
         work = [Document(ids, base.length if base else 0, n, base) for (ids, _, base), n in zip(documents, rows)]
-        launched = self.runner.launch_documents(work, batch, keep=keep_prefix)
+        launched = self.runner.launch_documents(work, batch, keep=keep_prefix, features=features)
         prefixes = []
         for d, ((ids, _, base), (layers, length, stacked)) in enumerate(zip(documents, launched.prefixes)):
             prefix = None
@@ -224,4 +246,9 @@ class StaticForward:
                 start += len(items)
             return per_document
 
-        return InFlight(prefixes, wait)
+        def rows() -> list[np.ndarray]:
+            every = launched.features()  # [items, D], the documents' items one after another
+            ends = np.cumsum([len(items) for _, items, _ in documents])
+            return np.split(every, ends[:-1])
+
+        return InFlight(prefixes, wait, rows if features else None)

@@ -56,12 +56,20 @@ class Launched:
     host_steps: torch.Tensor
     done: torch.cuda.Event | None
     prefixes: list[tuple[Layers | None, int, torch.Tensor | None]]
+    host_features: torch.Tensor | None = None  # each item's decision row [items, D], where asked
 
     def steps(self) -> torch.Tensor:
         """The log-probability of every label step [K] (float32, on the CPU), waiting for the forward."""
         if self.done is not None:
             self.done.synchronize()
         return self.host_steps
+
+    def features(self) -> np.ndarray:
+        """Each item's hidden state at its decision row [items, D] (float32, on the CPU), waiting for the forward;
+        launched with `features` only."""
+        assert self.host_features is not None, "the forward was launched without features"
+        self.steps()
+        return self.host_features.to(torch.float32).numpy()
 
 
 class StaticRunner:
@@ -137,8 +145,10 @@ class StaticRunner:
             stacked = found
         self.kv[:, :, start : start + base.length].copy_(stacked)
 
-    def forward(self, slot: Slot) -> torch.Tensor:
-        """One static forward over `slot`'s inputs: the log-probability of every label step [K] (on the device)."""
+    def forward(self, slot: Slot) -> tuple[torch.Tensor, torch.Tensor]:
+        """One static forward over `slot`'s inputs: the log-probability of every label step [K] and the read rows'
+        hidden states [Rr, D] (what the head read; the real ones first), both on the device. A captured graph
+        keeps both as its outputs, so nothing is copied for the hidden states unless a forward asks for them."""
         shape, f = slot.shape, slot.field
         cu = f("cu").to(torch.int32)
         bits = f("own_mask").view(torch.uint8)[:, None] >> self.bit_shifts  # [G·S·S / 8, 8]: lowest bit first
@@ -174,7 +184,7 @@ class StaticRunner:
         # [Rr, D]: the read rows, gathered by the last layer (`plan.out_rows`) where its forward is the fused one;
         # with `out_rows` the two outputs differ in length (fewer read rows than rows)
         hidden = hidden[0] if hidden.shape[1] != rows else hidden[0, shape.doc_rows :][read_rows]
-        return self.head(hidden)[f("step_read"), f("step_token")]  # [K]
+        return self.head(hidden)[f("step_read"), f("step_token")], hidden  # [K], [Rr, D]
 
     def _slot(self, shape: Shape) -> Slot:
         slot = self.slots.pop(shape, None) or Slot(shape, self.device, self.block_tokens)
@@ -235,13 +245,16 @@ class StaticRunner:
         return launched.steps(), launched.prefixes
 
     @torch.inference_mode()
-    def launch_documents(self, documents: Sequence[Document], batch: PackedBatch, keep: bool = True) -> Launched:
+    def launch_documents(
+        self, documents: Sequence[Document], batch: PackedBatch, keep: bool = True, features: bool = False
+    ) -> Launched:
         """`run_documents`' forward queued on the device, not waited for: the host can prepare the next forward
         (or finish the last one's answers) while this one runs. Each document's keys take their own range of the
         buffer (the first's starts at 0: its cached prefix is copied only when the buffer does not hold it).
 
         Returns the forward in flight: the log-probability of every label step [K] (float32, on the CPU) once it
-        is done (`Launched.steps`) and at once, per document, its new prefix's keys/values (as `run`), its
+        is done (`Launched.steps`), with `features` each item's decision row's hidden state (`Launched.features`),
+        and at once, per document, its new prefix's keys/values (as `run`), its
         length, and the same keys/values stacked [L, 2, T, Hkv, D] (what a later forward copies in one call;
         None where not kept or nothing new was computed). Those are device tensors written in the stream's
         order: any later forward, or copy, reads them after this one wrote them.
@@ -262,12 +275,16 @@ class StaticRunner:
         slot = self._slot(shape)
         slot.fill(documents, batch, starts)
         if not self.capture:
-            steps = self.forward(slot)
+            steps, hidden = self.forward(slot)
         else:
             if slot.graph is None:
                 self._capture(slot)
             slot.graph.replay()
-            steps = slot.out
+            steps, hidden = slot.out
+        host_features = None
+        if features:  # gathered on the device, copied behind the replay like the steps
+            rows = torch.tensor(batch.first_reads).to(self.device, non_blocking=True)
+            host_features = self._to_host(hidden[rows])[0]
         steps, done = self._to_host(steps[: len(batch.step_token)])
         # the buffer was written from the first document's cached prefix on: it still holds that and shorter ones
         cached = first.cached
@@ -286,7 +303,7 @@ class StaticRunner:
                 # per layer (keys, values) [1, Hkv, T, D]: views made by few calls (host time counts at this size)
                 per_layer = snapshot.transpose(2, 3)[:, :, None].unbind(0)  # L × [2, 1, Hkv, T, D]
                 prefixes.append((tuple(pair.unbind(0) for pair in per_layer), length, snapshot))
-        return Launched(steps, done, prefixes)
+        return Launched(steps, done, prefixes, host_features)
 
     def _to_host(self, steps: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
         """A copy of `steps` on the host, queued now (before a later replay overwrites the graph's output) into

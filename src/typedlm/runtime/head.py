@@ -3,7 +3,9 @@
 `LMHead.logprobs(hidden [R, D])` is the log-softmax over the vocabulary [R, V] in float32 (the head's weights
 stay in the model's dtype: a float32 copy of a 151,936-row head would outweigh a small model). `group_masses`
 turns each label step's log-probability into the mass of every answer group of every item: a label's
-probability is the product of its tokens' conditionals, a group's mass the sum over its labels.
+probability is the product of its tokens' conditionals, a group's mass the sum over its labels. `decision_rows`
+gives, where asked, each item's hidden state at its decision row (its label tree's root: the row whose head output
+holds every label's first token), exactly what the head reads there: a learned readout's features.
 """
 
 from __future__ import annotations
@@ -51,12 +53,23 @@ class LMHead:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return torch.log_softmax(logits, dim=-1)
 
-    def masses(self, batch: PackedBatch, hidden: torch.Tensor) -> list[list[float]]:
-        """Group masses per item from the packed rows' hidden states [N, D]: only read rows meet the head."""
+    def masses(
+        self, batch: PackedBatch, hidden: torch.Tensor, features: bool = False
+    ) -> tuple[list[list[float]], np.ndarray | None]:
+        """Group masses per item from the packed rows' hidden states [N, D]: only read rows meet the head; with
+        `features`, each item's decision row too (`decision_rows`), else None."""
         hidden = hidden[torch.tensor(batch.read_rows, device=self.device)]  # [R, D]
         logprobs = self.logprobs(hidden)  # [R, V]
         rows, tokens = (torch.tensor(a, device=self.device) for a in (batch.step_read, batch.step_token))
-        return group_masses(batch, logprobs[rows, tokens].cpu())
+        masses = group_masses(batch, logprobs[rows, tokens].cpu())
+        return masses, decision_rows(batch, hidden) if features else None
+
+
+def decision_rows(batch: PackedBatch, read_hidden: torch.Tensor) -> np.ndarray:
+    """Each item's hidden state at its decision row [items, D] (float32, on the CPU), from the read rows' [R, D]
+    (what the head reads: after the final norm)."""
+    rows = torch.tensor(batch.first_reads, device=read_hidden.device)
+    return read_hidden[rows].to(torch.float32).cpu().numpy()
 
 
 def group_masses(batch: PackedBatch, steps: torch.Tensor) -> list[list[float]]:

@@ -78,8 +78,9 @@ class EngineLike(Protocol):
         """The document's new tokens `ids` after `base`, and every question: (masses per item, the new prefix)."""
         ...
 
-    def launch_many(self, documents: Sequence[Work], keep_prefix: bool = True) -> InFlight:
-        """`run` for several documents, returned as soon as its forward is queued."""
+    def launch_many(self, documents: Sequence[Work], keep_prefix: bool = True, features: bool = False) -> InFlight:
+        """`run` for several documents, returned as soon as its forward is queued; with `features`, each item's
+        hidden state at its decision row too (`InFlight.features`)."""
         ...
 
     def stats(self) -> dict[str, dict[str, int]]:

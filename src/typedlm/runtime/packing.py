@@ -79,6 +79,9 @@ class PackedBatch:
     form_group: np.ndarray  # [F] global answer-group index of each form
     groups_per_item: tuple[int, ...]  # answer groups of each item, in order
     item_visibility: tuple[np.ndarray, ...]  # per item [n, n] bool: its local row i may attend its local row j
+    # [items] index into read_rows of each item's decision read: its label tree's root, the row right after its
+    # suffix where every label's first token is read (what a learned readout reads: `features`)
+    first_reads: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     # what depends only on the layout (not on the token ids or the prefix length), computed once and shared by
     # every batch of the same layout: segments, their index and visibility, and what other modules derive
     layout_memo: dict = field(default_factory=dict, compare=False, repr=False)
@@ -320,6 +323,7 @@ def _build_batch_layout(key: tuple[tuple[int, LabelSet], ...]) -> tuple[PackedBa
         ),
         tuple(groups),
         tuple(layout.visibility for layout in layouts),
+        _frozen_array(np.cumsum(reads, dtype=np.int64) - np.asarray(reads, dtype=np.int64)),
     )
     return template, _frozen(suffix_rows)
 
