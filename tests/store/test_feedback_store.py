@@ -3,6 +3,7 @@ processes or a writer killed mid-stream, JSONL export/import, and `typedlm feedb
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import inspect
 import io
@@ -100,15 +101,42 @@ def test_a_file_of_the_first_format_is_migrated_its_labels_kept_as_fair_samples(
     path = tmp_path / "f.sqlite"
     with FeedbackStore(path) as store:
         stored = store.add([make_label(n) for n in range(3)])
-    with sqlite3.connect(path) as db:  # as format 1 wrote it: no sample column
-        db.execute("ALTER TABLE labels DROP COLUMN sample")
+    with sqlite3.connect(path) as db:  # as format 1 wrote it: no sample column, no features
+        for column in ("sample", "features", "features_version"):
+            db.execute(f"ALTER TABLE labels DROP COLUMN {column}")
         db.execute("PRAGMA user_version = 1")
     with FeedbackStore(path) as store:
         assert store.labels() == stored and {label.sample for label in stored} == {"random"}
         chosen = store.add([make_label(7, sample="chosen")])
         assert store.labels(after=stored[-1].id) == chosen and chosen[0].sample == "chosen"
+        with_features = store.add([make_label(8, features="AAA8AA==", features_version="gauss-1")])
+        assert store.labels(after=chosen[0].id) == with_features
     with sqlite3.connect(path) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == 2
+        assert db.execute("PRAGMA user_version").fetchone()[0] == 3
+
+
+def test_a_label_s_features_are_checked_stored_and_carried_by_export_and_import(tmp_path):
+    """Features (float16 values in base64, at most 256) with their version, or neither: a bad one is refused
+    before anything is written (a line of an import too); export and import carry them bit for bit."""
+    too_long = base64.b64encode(bytes(514)).decode()
+    bad = (("AAA8", "gauss-1"), ("not base64!", "gauss-1"), ("AAA8AA==", None), (None, "v"), (too_long, "gauss-1"))
+    with FeedbackStore(tmp_path / "f.sqlite") as store:
+        for features, version in bad:
+            with pytest.raises(ValueError, match="features"):
+                store.add([make_label(0, features=features, features_version=version)])
+            line = json.dumps({**dataclasses.asdict(make_label(0)), "features": features, "features_version": version})
+            (tmp_path / "bad.jsonl").write_text(line + "\n", encoding="utf-8")
+            with pytest.raises(StoreError, match="features"):
+                store.import_(tmp_path / "bad.jsonl")
+        assert store.count() == 0
+        full = base64.b64encode(bytes(range(256)) * 2).decode()
+        stored = store.add([make_label(1, features=full, features_version="gauss-1"), make_label(2)])
+        assert store.export(tmp_path / "out.jsonl") == 2
+    with FeedbackStore(tmp_path / "g.sqlite") as other:
+        assert other.import_(tmp_path / "out.jsonl") == (2, 0)
+        again = other.labels()
+    assert [(label.features, label.features_version) for label in again] == [(full, "gauss-1"), (None, None)]
+    assert [label.uid for label in again] == [label.uid for label in stored]
 
 
 def test_a_retried_post_is_stored_once(tmp_path):

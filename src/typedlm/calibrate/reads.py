@@ -5,7 +5,9 @@ question's own option order before it is calibrated and the reads are averaged.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import numpy as np
 
 from typedlm.core.questions import Question
 
@@ -18,6 +20,9 @@ class Reads:
     masses: list[list[float]]  # [reads][options]
     priors: list[list[float]] | None = None  # the same reads on the content-free document
     lengths: list[int] | None = None  # each answer's label length in tokens, where options were read by name
+    # the first read's features (its own option order): its decision row's hidden state projected
+    # (`typedlm.calibrate.projection`), float16; None where the forward was not asked for them
+    features: np.ndarray | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from typing import Any
 from typedlm.calibrate.feedback import Feedback, feedback_needed
 from typedlm.calibrate.learning import Learner
 from typedlm.calibrate.methods import Calibrators
+from typedlm.calibrate.projection import Projection
 from typedlm.calibrate.reads import Reading
 from typedlm.core.answers import Response
 from typedlm.core.bounded import BoundedCache, process_memory
@@ -100,6 +101,7 @@ class Decider:
             config.calibration,
         )
         self.calibration = self.calibrators.default.method
+        self.projection = Projection(self.fingerprint)  # reads' features, where a readout may learn from them
         # Feedback: what users' gold answers teach, kept in the database and learned by the feedback calibrator.
         self.feedback: Feedback | None = None
         if self.calibrators.feedback is not None:
@@ -177,8 +179,11 @@ class Decider:
 
     def launch_prepared(self, requests: Sequence[PreparedRequest]) -> Callable[[], list[Response]]:
         """Several prepared requests answered from ONE forward (`schedule.Scheduler.launch`), each as alone,
-        returned as soon as the forward is queued: the function returned waits for it and builds the responses."""
-        wait = self.scheduler.launch([request.reads for request in requests])
+        returned as soon as the forward is queued: the function returned waits for it and builds the responses.
+        The reads' features (their decision rows' hidden states, projected) are read where a readout may use them:
+        with a feedback database, and for a response that keeps its reading (a feedback post, `read`)."""
+        features = self.feedback is not None or any(request.keep_reading for request in requests)
+        wait = self.scheduler.launch([request.reads for request in requests], features)
         priors = self.calibrators.contextual.priors
 
         def content_free(versions: list[Question]) -> list[list[float]]:
@@ -186,8 +191,16 @@ class Decider:
 
         def responses() -> list[Response]:
             return [
-                respond(self.name, request, self.calibrators.get(request.method), masses, cached, content_free)
-                for request, (masses, cached) in zip(requests, wait())
+                respond(
+                    self.name,
+                    request,
+                    self.calibrators.get(request.method),
+                    masses,
+                    cached,
+                    content_free,
+                    None if rows is None else self.projection(rows),
+                )
+                for request, (masses, cached, rows) in zip(requests, wait())
             ]
 
         return responses

@@ -2,7 +2,9 @@
 compared (leave-one-set-out, many variants) without running the model again.
 
 A `Readout` holds one answer's raw label masses for each order read (in the question's own option order), the
-same reads' masses on the content-free document (contextual calibration's priors), and the gold class.
+same reads' masses on the content-free document (contextual calibration's priors), the gold class and, where it
+was recorded with them, the first read's features (its decision row's hidden state projected, as a label stores
+them: `typedlm.calibrate.projection`).
 `record` runs a decider over examples (one forward per example, `Decider.read`); `save` / `load` keep them as
 JSONL, one readout per line, gzip-compressed where the file's name ends in `.gz` (as the recorded readouts kept in
 the repository are).
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import IO
 
 from typedlm.calibrate.calibration import BASES, calibrate_reads, combined_prior, signature
+from typedlm.calibrate.projection import encode
 from typedlm.core.questions import parse_questions, parse_state
 from typedlm.offline.evaldata import Example
 
@@ -34,6 +37,7 @@ class Readout:
     gold: int  # the true answer's index
     lengths: list[int] | None = None  # each answer's label length in tokens, where options were read by name
     length_normalised: bool = False  # whether `base` reads the masses length-normalised (calibration.per_token)
+    features: str | None = None  # the first read's features, encoded (`projection.encode`); None: not recorded
 
     @property
     def size(self) -> int:
@@ -85,6 +89,7 @@ def record(
                     reads.priors,
                     gold,
                     reads.lengths,
+                    features=None if reads.features is None else encode(reads.features),
                 )
             )
     return readouts

@@ -23,12 +23,13 @@ from pathlib import Path
 
 from typedlm.core.errors import StoreError
 
-SCHEMA_VERSION = 2  # PRAGMA user_version of the files this module writes (2: labels.sample)
+SCHEMA_VERSION = 3  # PRAGMA user_version of the files this module writes (2: labels.sample; 3: labels.features)
 APPLICATION_ID = 0x74644C46  # PRAGMA application_id: "tdLF", a typedlm feedback file
 
 _FAMILY_INDEX = "CREATE INDEX IF NOT EXISTS labels_family ON labels (family, id)"  # a family's latest labels
 _MIGRATIONS = {  # format n - 1 -> n, run in one write transaction when a file of the older format is opened
     2: ("ALTER TABLE labels ADD COLUMN sample TEXT NOT NULL DEFAULT 'random'",),  # the labels before were fair
+    3: ("ALTER TABLE labels ADD COLUMN features TEXT", "ALTER TABLE labels ADD COLUMN features_version TEXT"),
 }
 _SCHEMA = (
     """CREATE TABLE posts (
@@ -44,7 +45,8 @@ _SCHEMA = (
         kind TEXT NOT NULL, exact TEXT NOT NULL, family TEXT NOT NULL,
         question TEXT NOT NULL, masses TEXT NOT NULL, priors TEXT, lengths TEXT,  -- JSON
         gold INTEGER NOT NULL,
-        sample TEXT NOT NULL DEFAULT 'random'  -- 'random': a fair sample of the traffic; 'chosen': picked
+        sample TEXT NOT NULL DEFAULT 'random',  -- 'random': a fair sample of the traffic; 'chosen': picked
+        features TEXT, features_version TEXT  -- the read's projected hidden state (float16, base64) and its making
     )""",
     _FAMILY_INDEX,
 )

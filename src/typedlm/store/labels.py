@@ -9,6 +9,8 @@ Contract:
 
 from __future__ import annotations
 
+import base64
+import binascii
 import dataclasses
 import json
 import math
@@ -22,8 +24,9 @@ from typedlm.core.questions import QUESTION_TYPES
 
 COLUMNS = (  # the labels table's columns a label fills, in `to_row`'s order
     "uid, created, feedback_id, question_id, model, fingerprint, prompt_version, reading, kind, exact, family, "
-    "question, masses, priors, lengths, gold, sample"
+    "question, masses, priors, lengths, gold, sample, features, features_version"
 )
+MAX_FEATURE_BYTES = 512  # a label's features: at most 256 float16 values
 SAMPLES = ("random", "chosen")  # how a label was picked: a fair sample of the traffic, or chosen for a reason
 _JSON_FIELDS = ("question", "masses", "priors", "lengths")
 
@@ -49,6 +52,8 @@ class Label:
     lengths: list[int] | None = None
     gold: int  # the gold answer's index
     sample: str = "random"  # "random": a fair sample of the traffic (counted in guarantees); "chosen": picked
+    features: str | None = None  # the read's features (its decision row projected), float16 bytes in base64
+    features_version: str | None = None  # how they were made (`typedlm.calibrate.projection.FEATURES_VERSION`)
     id: int | None = None  # the row id once stored
 
 
@@ -95,8 +100,24 @@ def label_problem(fields: dict[str, Any]) -> str | None:
         return f"gold must be an answer's index, 0..{len(masses[0]) - 1}"
     if fields.get("sample", "random") not in SAMPLES:
         return f"sample must be one of {', '.join(SAMPLES)}"
+    if (problem := _features_problem(fields.get("features"), fields.get("features_version"))) is not None:
+        return problem
     if not isinstance(fields.get("id"), (int, type(None))):
         return "id must be an integer or null"
+    return None
+
+
+def _features_problem(features: Any, version: Any) -> str | None:
+    if features is None:
+        return None if version is None else "features_version without features"
+    if not isinstance(version, str) or not version:
+        return "features need their features_version (a non-empty string)"
+    try:
+        size = len(base64.b64decode(features, validate=True)) if isinstance(features, str) else -1
+    except (binascii.Error, ValueError):
+        size = -1
+    if size <= 0 or size % 2 or size > MAX_FEATURE_BYTES:
+        return f"features must be base64 of 1 to {MAX_FEATURE_BYTES // 2} float16 values, or null"
     return None
 
 

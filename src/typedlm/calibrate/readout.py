@@ -1,0 +1,274 @@
+"""A readout learned from a question's labels: its calibrated answer corrected by a linear function of what the model
+held at the decision row (the read's features: `typedlm.calibrate.projection`), zero until labels earn it.
+
+    readouts = Readouts()
+    readouts.add(learner, labeled)                 # (keys, sample, features) per label, once the learner has them
+    probs, learned = readouts.apply(keys, kind, probs, features)
+
+The learner (`typedlm.calibrate.learning`) makes a question's probabilities honest; what is right stays what the label
+logits say. The hidden state at the decision row holds more than the label logits: a readout learns from it where
+a question's answers mean the same from label to label (`readout_key`):
+
+    noul            at its family (type and instructions): yes and no mean the same for every question asked so
+    choice, score   at the exact question, up to `MAX_BIAS_ANSWERS` answers: options fixed, each answer its own
+                    weights
+    anything else   none: a family whose options change from question to question has no fixed answer to learn
+                    weights for
+
+The model: log p'(a) = log p(a) + w_a · x(features) + const, p the calibrated probabilities, x the level's features
+centred and whitened on its own labels, cut to the first k principal components. Fitted by maximum a posteriori with
+a Gaussian prior centred on "no change" (w = 0, strength λ): Böhning's bound makes each step a fixed-step gradient
+step (the whitened features' Gram matrix is N·I), accelerated. k and λ are chosen by `FOLDS`-fold cross-validation
+on the level's labels whenever their count doubles from `MIN_READOUT_LABELS` on, among `COMPONENTS` × `SHRINKS`,
+and the readout is used at all only where its cross-validated log loss is below calibration alone's on the same
+labels by more than `MARGIN_Z` standard errors and its accuracy not below it; in between, it is refitted with the chosen k and λ as labels come.
+
+Bounded: a level keeps its latest `MAX_READOUT_LABELS` labels, all levels together `MAX_READOUT_BYTES`.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from typedlm.calibrate.learning import MAX_BIAS_ANSWERS, Learner, Sample
+from typedlm.core.names import Kind
+
+MIN_READOUT_LABELS = 30  # a readout is considered from this many labels on
+COMPONENTS = (4, 16, 64)  # principal components a readout may read
+SHRINKS = (2.0, 8.0, 32.0, 128.0)  # the prior's strength λ
+FOLDS = 5
+MARGIN_Z = 1.64  # how many standard errors of the out-of-fold gain a readout must win by (one-sided 95%)
+MAX_READOUT_LABELS = 2048  # a level's latest labels
+MAX_READOUT_BYTES = 32 * 2**20  # every level's labels together
+REFIT_SHARE = 0.05  # between cross-validations, refitted once labels grew by this share (at least one)
+MAX_STEPS = 300
+TOLERANCE = 1e-5
+FLOOR = 1e-12
+
+
+def readout_key(keys: dict[str, str], kind: str, answers: int) -> tuple[str, str] | None:
+    """The level whose labels a question's readout learns from (see the module), or None: no readout."""
+    if kind == Kind.NOUL:
+        return ("family", keys["family"])
+    if answers <= MAX_BIAS_ANSWERS:
+        return ("exact", keys["exact"])
+    return None
+
+
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    logits = logits - logits.max(axis=-1, keepdims=True)
+    exp = np.exp(logits)
+    return exp / exp.sum(axis=-1, keepdims=True)
+
+
+@dataclass(frozen=True)
+class Whitening:
+    """Features centred and whitened on a level's labels: x = (f − mean) @ basis, [k] with unit variance there."""
+
+    mean: np.ndarray  # [d]
+    basis: np.ndarray  # [d, k]
+
+    @classmethod
+    def of(cls, features: np.ndarray, components: int) -> Whitening:
+        mean = features.mean(axis=0)
+        _, spread, directions = np.linalg.svd(features - mean, full_matrices=False)
+        kept = int(np.sum(spread > spread[0] * 1e-4)) if len(spread) and spread[0] > 0 else 0
+        k = min(components, kept)
+        return cls(mean, (directions[:k].T * (math.sqrt(len(features)) / spread[:k])).astype(np.float64))
+
+    def __call__(self, features: np.ndarray) -> np.ndarray:
+        return (features - self.mean) @ self.basis
+
+
+def fit_weights(offsets: np.ndarray, x: np.ndarray, gold: np.ndarray, shrink: float) -> np.ndarray:
+    """MAP weights [n, k] of log p' = offsets + x·wᵀ (offsets [N, n]: calibrated log-probabilities; x [N, k]
+    whitened on these N rows, so xᵀx = N·I) under the prior N(0, 1/λ): Böhning's bound ½·N·(I − 11ᵀ/n) + λ on the
+    Hessian gives the fixed step, Nesterov's momentum the pace."""
+    n, k = offsets.shape[1], x.shape[1]
+    weights = np.zeros((n, k))
+    if k == 0:
+        return weights
+    onehot = np.eye(n)[gold]
+    step = 1.0 / (0.5 * len(x) + shrink)
+    previous, ahead = weights, weights
+    for t in range(1, MAX_STEPS + 1):
+        probs = _softmax(offsets + x @ ahead.T)
+        gradient = (probs - onehot).T @ x + shrink * ahead
+        weights = ahead - step * gradient
+        if np.abs(weights - previous).max() < TOLERANCE:
+            break
+        ahead = weights + (t - 1) / (t + 2) * (weights - previous)
+        previous = weights
+    return weights
+
+
+@dataclass(frozen=True)
+class ReadoutFit:
+    """A level's learned readout: its whitening and weights, and the labels it was fitted on."""
+
+    whitening: Whitening
+    weights: np.ndarray  # [n, k]
+    labels: int
+    components: int
+    shrink: float
+
+    @classmethod
+    def fit(cls, offsets: np.ndarray, features: np.ndarray, gold: np.ndarray, components: int, shrink: float):
+        whitening = Whitening.of(features, components)
+        weights = fit_weights(offsets, whitening(features), gold, shrink)
+        return cls(whitening, weights, len(gold), components, shrink)
+
+    def apply_rows(self, log_probs: np.ndarray, features: np.ndarray) -> np.ndarray:
+        """Calibrated log-probabilities [N, n] and features [N, d] → corrected probabilities [N, n]."""
+        return _softmax(log_probs + self.whitening(features) @ self.weights.T)
+
+    def apply(self, probs: Sequence[float], features: np.ndarray) -> list[float]:
+        log_probs = np.log(np.maximum(np.asarray(probs, dtype=np.float64), FLOOR))[None]
+        return self.apply_rows(log_probs, np.asarray(features, dtype=np.float64)[None])[0].tolist()
+
+
+def _losses(probs: np.ndarray, gold: np.ndarray) -> np.ndarray:
+    """Each label's log loss [N] under probabilities [N, n]."""
+    return -np.log(np.maximum(probs[np.arange(len(gold)), gold], FLOOR))
+
+
+def choose(offsets: np.ndarray, features: np.ndarray, gold: np.ndarray) -> tuple[int, float] | None:
+    """The (components, λ) whose readout predicts these labels best out of fold (`FOLDS` folds, label i in fold
+    i mod FOLDS), where it beats calibration alone (`offsets`) in log loss by more than `MARGIN_Z` standard errors
+    of the labels' paired differences (the best of many variants beats the base by chance alone) and does not
+    lose accuracy; else None."""
+    base_losses = _losses(np.exp(offsets), gold)
+    base_accuracy = float(np.mean(offsets.argmax(axis=1) == gold))
+    fold = np.arange(len(gold)) % FOLDS
+    best: tuple[float, int, float] | None = None
+    for components in COMPONENTS:
+        for shrink in SHRINKS:
+            predicted = np.zeros_like(offsets)
+            for f in range(FOLDS):
+                train, test = fold != f, fold == f
+                fitted = ReadoutFit.fit(offsets[train], features[train], gold[train], components, shrink)
+                predicted[test] = fitted.apply_rows(offsets[test], features[test])
+            gain = base_losses - _losses(predicted, gold)
+            margin = MARGIN_Z * gain.std() / math.sqrt(len(gain))
+            accuracy = float(np.mean(predicted.argmax(axis=1) == gold))
+            if gain.mean() > margin and accuracy >= base_accuracy and (best is None or gain.mean() > best[0]):
+                best = (float(gain.mean()), components, shrink)
+    return None if best is None else best[1:]
+
+
+@dataclass
+class _Level:
+    """One readout level's labels (the latest), its chosen (components, λ) and when it was chosen and fitted."""
+
+    answers: int
+    keys: deque = field(default_factory=deque)  # each label's question keys (its learner calibration's)
+    samples: deque = field(default_factory=deque)  # each label's `Sample`
+    features: deque = field(default_factory=deque)  # each label's features [d] float16
+    chosen: tuple[int, float] | None = None
+    chosen_at: int = 0
+    fitted_at: int = 0
+    added: int = 0  # labels ever added (the latest are held)
+
+    def offsets(self, learner: Learner) -> np.ndarray:
+        """Each label's calibrated log-probabilities [N, n] as the learner gives them now (grouped by question)."""
+        out = np.zeros((len(self.samples), self.answers))
+        groups: dict[str, list[int]] = {}
+        for i, keys in enumerate(self.keys):
+            groups.setdefault(keys["exact"], []).append(i)
+        for rows in groups.values():
+            keys, samples = self.keys[rows[0]], [self.samples[i] for i in rows]
+            probs = np.asarray([s.probs for s in samples])
+            mass = np.asarray([s.mass for s in samples])
+            disagreement = np.asarray([s.disagreement for s in samples])
+            out[rows] = learner.calibrate_rows(keys, probs, mass, disagreement)
+        return np.log(np.maximum(out, FLOOR))
+
+    def refit(self, learner: Learner) -> tuple[bool, ReadoutFit | None]:
+        """Choose again where the count doubled since the last choice, refit where it grew by `REFIT_SHARE`:
+        (whether it was refitted, the fit then in force: None where no readout has earned its place)."""
+        n = len(self.samples)
+        if n < MIN_READOUT_LABELS:
+            return True, None
+        due_choice = self.added >= 2 * self.chosen_at
+        due_fit = self.added - self.fitted_at >= max(1, REFIT_SHARE * n)
+        if not (due_choice or due_fit):
+            return False, None
+        offsets = self.offsets(learner)
+        features = np.asarray(self.features, dtype=np.float64)
+        gold = np.asarray([s.gold for s in self.samples])
+        if due_choice:
+            self.chosen, self.chosen_at = choose(offsets, features, gold), self.added
+        self.fitted_at = self.added
+        return True, None if self.chosen is None else ReadoutFit.fit(offsets, features, gold, *self.chosen)
+
+
+def _bytes(sample: Sample, features: np.ndarray) -> int:
+    return features.nbytes + 8 * (len(sample.probs) + 4) + 200  # the features, the sample, the keys' share
+
+
+class Readouts:
+    """Every readout level's labels and fits. `add` (one writer at a time) refits the levels its labels touch and
+    publishes a new snapshot; `apply` (any thread) reads the snapshot it finds."""
+
+    def __init__(self, max_bytes: int = MAX_READOUT_BYTES):
+        self.max_bytes = max_bytes
+        self.held_bytes = 0
+        self.levels: dict[tuple[str, str], _Level] = {}
+        self.snapshot: dict[tuple[str, str], ReadoutFit] = {}
+        self._lock = threading.Lock()
+
+    def add(self, learner: Learner, labeled: Iterable[tuple[dict[str, str], Sample, np.ndarray | None]]) -> None:
+        """Labels with features (those without are passed over), after `learner` has learned them: each level they
+        touch refitted on the learner's calibration of its labels (see the module)."""
+        with self._lock:
+            touched = set()
+            for keys, sample, features in labeled:
+                key = None if features is None else readout_key(keys, keys["kind"], len(sample.probs))
+                if key is None:
+                    continue
+                level = self.levels.setdefault(key, _Level(len(sample.probs)))
+                if level.features and len(level.features[0]) != len(features):
+                    continue  # another projection's features (another model's): never mixed
+                level.keys.append(keys)
+                level.samples.append(sample)
+                level.features.append(np.asarray(features, dtype=np.float16))
+                level.added += 1
+                self.held_bytes += _bytes(sample, features)
+                if len(level.samples) > MAX_READOUT_LABELS:
+                    self._drop_oldest(level)
+                touched.add(key)
+            while self.held_bytes > self.max_bytes:  # the most labeled level lets its oldest go
+                self._drop_oldest(max(self.levels.values(), key=lambda level: len(level.samples)))
+            snapshot = dict(self.snapshot)
+            for key in touched:
+                refitted, fitted = self.levels[key].refit(learner)
+                if refitted and fitted is None:
+                    snapshot.pop(key, None)
+                elif refitted:
+                    snapshot[key] = fitted
+            self.snapshot = snapshot
+
+    def _drop_oldest(self, level: _Level) -> None:
+        sample, features = level.samples.popleft(), level.features.popleft()
+        level.keys.popleft()
+        self.held_bytes -= _bytes(sample, features)
+
+    def fit_for(self, keys: dict[str, str], kind: str, answers: int) -> ReadoutFit | None:
+        key = readout_key(keys, kind, answers)
+        return None if key is None else self.snapshot.get(key)
+
+    def apply(
+        self, keys: dict[str, str], kind: str, probs: Sequence[float], features: np.ndarray | None
+    ) -> tuple[list[float], ReadoutFit | None]:
+        """`probs` (calibrated) through the question's learned readout where one is in force and the read has
+        features; else unchanged, and None."""
+        fitted = None if features is None else self.fit_for(keys, kind, len(probs))
+        if fitted is None or fitted.whitening.mean.shape[0] != len(features):
+            return list(probs), None
+        return fitted.apply(probs, features), fitted
