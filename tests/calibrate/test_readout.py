@@ -67,7 +67,7 @@ def test_readouts_learn_where_answers_mean_the_same_and_stay_bounded():
     assert readout_key(KEYS, "noul", 2) == ("family", "f1")
     assert readout_key({**KEYS, "kind": "choice"}, "choice", 5) == ("exact", "e1")
     assert readout_key({**KEYS, "kind": "choice"}, "choice", 40) is None  # too many answers for weights of each
-    offsets, features, gold = _task(200, 2, 0.8, seed=4)
+    _, features, gold = _task(200, 2, 0.8, seed=4)
     learner, readouts = Learner(), Readouts(max_bytes=60_000)
     labeled = [(KEYS, Sample((0.5, 0.5), 0.5, 0.0, int(g)), f) for g, f in zip(gold, features)]
     learner.add((k, s) for k, s, _ in labeled)

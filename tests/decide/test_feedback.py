@@ -83,11 +83,12 @@ def test_a_post_answers_as_before_stores_its_labels_and_moves_later_answers(load
     posted = decider.respond_feedback(body(DOCUMENTS[0], gold={"billing": True, "team": "billing"}))
     assert_same_answers(posted["answers"], before["answers"])
     assert posted["x_calibration"] == before["x_calibration"]
-    assert posted["x_feedback"] == {"billing": {"level": "exact", "labels": 1}, "team": {"level": "exact", "labels": 1}}
+    in_force = {"level": "exact", "labels": 1, "readout": "calibrated"}
+    assert posted["x_feedback"] == {"billing": in_force, "team": in_force}
     assert posted["x_feedback_stored"] == 2
     after = decider.respond(body(DOCUMENTS[0]))
     assert after["x_calibration"] == "feedback"
-    assert after["answers"]["billing"]["x_feedback"] == {"level": "exact", "labels": 1}
+    assert after["answers"]["billing"]["x_feedback"] == in_force
     assert after["answers"]["billing"]["noul"] > before["answers"]["billing"]["noul"]  # toward the gold yes
     assert after["answers"]["billing"]["x_raw_mass"] == pytest.approx(
         before["answers"]["billing"]["x_raw_mass"], rel=1e-5

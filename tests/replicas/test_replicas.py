@@ -375,5 +375,5 @@ def test_feedback_posted_to_one_replica_is_used_by_both(replicas_url):
         body = {"state": document, "questions": {"delivery": question}, "x_coverage": 0.5}
         reply = httpx.post(f"{replicas_url}/v1/systemone", json=body, headers=AUTH, timeout=120)
         answer = reply.json()["answers"]["delivery"]
-        assert answer["x_feedback"] == {"level": "exact", "labels": 3}
+        assert answer["x_feedback"] == {"level": "exact", "labels": 3, "readout": "calibrated"}
         assert answer["x_set"]["labels"] >= 3 and answer["x_set"]["guaranteed"] is True

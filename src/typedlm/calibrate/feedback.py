@@ -5,8 +5,10 @@
     feedback.report()                                               # per question family: is it honest?
 
 `FeedbackCalibrator` (method "feedback") is the decider's default calibrator, `base`, with what the learner
-(`typedlm.calibrate.learning`) has fitted for the question on top. An answer whose question has no labels at any level
-is the base's answer, unchanged; one that used labels says so: `"x_feedback": {"level": "family", "labels": 37}`.
+(`typedlm.calibrate.learning`) has fitted for the question on top, and on that the readout learned from the reads'
+features where one has earned its place (`typedlm.calibrate.readout`). An answer whose question has no labels at any
+level is the base's answer, unchanged; one that used labels says so, and which readout it used:
+`"x_feedback": {"level": "family", "labels": 37, "readout": "calibrated"}` ("learned": the learned readout too).
 
 `Feedback` keeps the learner in step with the store (`typedlm.store.feedback`): every label is written to the store
 first and learned from the store (`sync`, the labels after the last id seen), so labels posted to another process on
@@ -28,8 +30,10 @@ import numpy as np
 from typedlm.calibrate.calibrators import Calibrator, wire_probs
 from typedlm.calibrate.decisions import Decisions, hand_over
 from typedlm.calibrate.guarantees import THRESHOLDS, Scored, automated_share, certify, split_quantile
-from typedlm.calibrate.learning import LEVELS, Learner, Sample, question_keys
+from typedlm.calibrate.learning import LEVELS, Learner, Sample, Used, question_keys
 from typedlm.calibrate.out_of_fold import OutOfFold
+from typedlm.calibrate.projection import FEATURES_VERSION, decode, encode
+from typedlm.calibrate.readout import Readouts
 from typedlm.calibrate.reads import Reads
 from typedlm.calibrate.reliability import ece, floor_eces, reliability
 from typedlm.core.answers import Answer
@@ -68,6 +72,7 @@ class FeedbackCalibrator:
         self.prompt_version = prompt_version
         self.out_of_fold = OutOfFold()  # every label scored by a learner that never saw it: the guarantees' data
         self.decisions = Decisions(self.out_of_fold)
+        self.readouts = Readouts()  # what labels teach beyond calibration, from the reads' features
 
     @property
     def needs_prior(self) -> bool:
@@ -81,20 +86,29 @@ class FeedbackCalibrator:
         answer = self.base.answer(question, reads)
         return Sample(tuple(wire_probs(question, answer)), answer.raw_mass, disagreement(answer), gold)
 
-    def answer(self, question: Question, reads: Reads) -> Answer:
+    def calibrated(self, question: Question, reads: Reads) -> tuple[Answer, list[float], Used | None]:
+        """The base's answer, and its probabilities through the learner with the level they used (None: none)."""
         base = self.base.answer(question, reads)
         probs, used = self.learner.calibrate(
             self.keys(question), wire_probs(question, base), base.raw_mass, disagreement(base)
         )
+        return base, probs, used
+
+    def answer(self, question: Question, reads: Reads) -> Answer:
+        base, probs, used = self.calibrated(question, reads)
         if used is None:
             return base
-        return question.answer(probs, base.raw_mass, {**base.extras, "feedback": used.to_wire()})
+        probs, readout = self.readouts.apply(self.keys(question), question.kind, probs, reads.features)
+        feedback = {**used.to_wire(), "readout": "calibrated" if readout is None else "learned"}
+        return question.answer(probs, base.raw_mass, {**base.extras, "feedback": feedback})
 
     def hand_over(self, question: Question, reads: Reads, answer: Answer, handover: Handover) -> Answer:
-        """`answer` with its set and abstention, from the question's fair labels scored out of fold."""
-        base = wire_probs(question, self.base.answer(question, reads))
-        probs = wire_probs(question, answer)
-        return hand_over(question, answer, probs, base, self.keys(question), self.decisions, handover)
+        """`answer` with its set and abstention, from the question's fair labels scored out of fold. The sets and
+        thresholds are those of the calibrated probabilities, which the labels were scored by (a learned readout's
+        answer is not what they measured)."""
+        base, probs, _ = self.calibrated(question, reads)
+        base_probs = wire_probs(question, base)
+        return hand_over(question, answer, probs, base_probs, self.keys(question), self.decisions, handover)
 
     def reported(self, answers: Iterable[Answer]) -> CalibrationMethod:
         """Feedback where any answer used what was learned; else every answer is the base's, and says so."""
@@ -103,9 +117,10 @@ class FeedbackCalibrator:
     def in_force(self, question: Question) -> dict[str, Any]:
         """The most specific level with labels for `question`, and their count ("default", 0: none)."""
         keys = self.keys(question)
+        learned = self.readouts.fit_for(keys, question.kind, question.size) is not None
         for level in LEVELS:
             if labels := self.learner.labels(level, keys[level]):
-                return {"level": level, "labels": labels}
+                return {"level": level, "labels": labels, "readout": "learned" if learned else "calibrated"}
         return {"level": "default", "labels": 0}
 
 
@@ -150,19 +165,21 @@ class Feedback:
         with self._lock:
             total = 0
             while labels := self._stored(after=self.last_id, limit=SYNC_ROWS):
-                labeled, scored = [], []
+                labeled, scored, featured = [], [], []
                 for label in labels:
                     item = self._labeled(label)
                     if item is None:
                         self.skipped += 1
                         continue
                     labeled.append(item)
+                    featured.append((*item, _features(label)))
                     scored.append((label.id, *item, label.sample == "random"))
                     self.families[label.family] = self.families.get(label.family, 0) + 1
                     self.described.setdefault(
                         label.family, {"kind": label.kind, "instructions": label.question.get("instructions")}
                     )
                 self.calibrator.learner.add(labeled)
+                self.calibrator.readouts.add(self.calibrator.learner, featured)
                 self.calibrator.out_of_fold.add(scored)
                 self.last_id = labels[-1].id
                 self.learned += len(labeled)
@@ -204,6 +221,7 @@ class Feedback:
                 lengths=reads[qid].lengths,
                 gold=index,
                 sample=sample,
+                **_stored_features(reads[qid]),
             )
             for qid, index in gold.items()
         ]
@@ -274,6 +292,20 @@ class Feedback:
             }
             self._report = (self.last_id, report)
             return report
+
+
+def _stored_features(reads: Reads) -> dict[str, str | None]:
+    """A label's features fields: its reads' features, encoded, and their version (none where not read)."""
+    if reads.features is None:
+        return {}
+    return {"features": encode(reads.features), "features_version": FEATURES_VERSION}
+
+
+def _features(label: Label) -> np.ndarray | None:
+    """A stored label's features where they were made as this version makes them (else None: not used)."""
+    if label.features is None or label.features_version != FEATURES_VERSION:
+        return None
+    return decode(label.features)
 
 
 def _scores(samples: Sequence[Sample], probs: Sequence[Sequence[float]]) -> dict[str, Any]:

@@ -61,4 +61,3 @@ def encode(features: np.ndarray) -> str:
 def decode(text: str) -> np.ndarray:
     """`encode`'s vector back, as float32."""
     return np.frombuffer(base64.b64decode(text), dtype="<f2").astype(np.float32)
-

@@ -21,7 +21,8 @@ a Gaussian prior centred on "no change" (w = 0, strength λ): Böhning's bound m
 step (the whitened features' Gram matrix is N·I), accelerated. k and λ are chosen by `FOLDS`-fold cross-validation
 on the level's labels whenever their count doubles from `MIN_READOUT_LABELS` on, among `COMPONENTS` × `SHRINKS`,
 and the readout is used at all only where its cross-validated log loss is below calibration alone's on the same
-labels by more than `MARGIN_Z` standard errors and its accuracy not below it; in between, it is refitted with the chosen k and λ as labels come.
+labels by more than `MARGIN_Z` standard errors and its accuracy not below it; in between, it is refitted with the
+chosen k and λ as labels come.
 
 Bounded: a level keeps its latest `MAX_READOUT_LABELS` labels, all levels together `MAX_READOUT_BYTES`.
 """

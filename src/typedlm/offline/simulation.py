@@ -63,7 +63,7 @@ class ShippedVariant:
         return cls(reading or "letters", base, (*use, *("prior_weight",) * prior))
 
 
-def _summary(predictions: Sequence[Prediction]) -> dict[str, float]:
+def summary_of(predictions: Sequence[Prediction]) -> dict[str, float]:
     overall = summarize(predictions)["overall"]
     return {
         "n": len(predictions),
@@ -74,7 +74,7 @@ def _summary(predictions: Sequence[Prediction]) -> dict[str, float]:
     }
 
 
-def _mean(rows: Sequence[Mapping[str, float]]) -> dict[str, float]:
+def mean_of(rows: Sequence[Mapping[str, float]]) -> dict[str, float]:
     return {key: float(np.mean([row[key] for row in rows])) for key in rows[0]}
 
 
@@ -159,9 +159,9 @@ def simulate(
                 for r, key, s in zip(splits["held_out"], keys["held_out"], held, strict=True):
                     probs, _ = learner.calibrate(key, s.probs, s.mass, s.disagreement)
                     predictions.append(Prediction(r.kind, tuple(probs), s.gold, s.mass))
-                runs.append(_summary(predictions))
-            curve[k] = _mean(runs)
-        report[name] = {"raw": _summary(raw), "K": curve, "stream": {"batch": _summary(batch_calibrated(
+                runs.append(summary_of(predictions))
+            curve[k] = mean_of(runs)
+        report[name] = {"raw": summary_of(raw), "K": curve, "stream": {"batch": summary_of(batch_calibrated(
             splits["held_out"], held, keys["held_out"]))}}  # fmt: skip
     for name, entry in stream_temperature(readouts, fitted, questions, prompt_version, bases, reads).items():
         report[name]["stream"]["predicted temperature"] = entry
@@ -214,7 +214,7 @@ def stream_temperature(readouts, fitted, questions, prompt_version, bases, reads
             logits = np.log(np.maximum(s.probs, 1e-12)) / temperature
             p = np.exp(logits - logits.max())
             predictions.append(Prediction(r.kind, tuple((p / p.sum()).tolist()), s.gold, s.mass))
-        out[name] = {**_summary(predictions), "temperature": temperature}
+        out[name] = {**summary_of(predictions), "temperature": temperature}
     return out
 
 

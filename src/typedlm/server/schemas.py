@@ -182,6 +182,12 @@ class FeedbackLevel(BaseModel):
         "(type and instructions), its kind (type), or none (the default calibration).",
     )
     labels: int
+    readout: Literal["calibrated", "learned"] | None = Field(
+        None,
+        description="calibrated: the label logits, calibrated by the labels; learned: a readout learned from the "
+        "model's hidden state at the decision row corrects them too (where cross-validation on the labels says it "
+        "predicts better). Absent at the default level.",
+    )
 
 
 class FeedbackResponse(SystemOneResponse):

@@ -1,0 +1,93 @@
+"""What a learned readout adds to calibration alone, checked by a simulated user on readouts recorded with features
+(no model run).
+
+For each labeled set S, as a new user's task (as `offline.simulation`: the default fitted leave-one-set-out):
+1. S's train answers in a seeded random order; the first K are posted: learned by the server's learner, and by its
+   readouts (`typedlm.calibrate.readout`) from the same labels' features;
+2. every held-out answer through the learner alone, and through the learner and the readout in force for its
+   question (where one has earned its place: otherwise the same answer);
+3. measured, for both: accuracy, log loss, ECE and its noise floor (p90), and the share of held-out answers a learned
+   readout answered. Averaged over `SEEDS` orders.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from typedlm.calibrate.learning import Learner
+from typedlm.calibrate.projection import decode
+from typedlm.calibrate.readout import Readouts
+from typedlm.core.questions import Question
+from typedlm.offline.metrics import Prediction
+from typedlm.offline.readouts import Readout
+from typedlm.offline.simulation import ShippedVariant, defaults, labeled_sets, mean_of, summary_of
+
+KS = (0, 25, 50, 100, 200, 400)
+SEEDS = 5
+GAIN = 0.03  # the target: accuracy at K = 200 at least this far above calibration alone's...
+SLACK = 0.01  # ...and never more than this below it
+
+
+def _features(rows: Sequence[Readout]) -> list[np.ndarray | None]:
+    return [None if r.features is None else decode(r.features) for r in rows]
+
+
+def simulate(
+    readouts: Mapping[str, Mapping[str, Sequence[Readout]]],
+    questions: Mapping[str, Mapping[tuple[str, str], Question]],
+    variants: Mapping[str, ShippedVariant],
+    prompt_version: str,
+    ks: Sequence[int] = KS,
+    seeds: int = SEEDS,
+) -> dict[str, Any]:
+    """{set: {"n": held-out answers, "features": whether they were recorded, "K": {k: {"calibrated": summary,
+    "readout": summary, "learned_share": ...}}}}."""
+    bases = {kind: v.base for kind, v in variants.items()}
+    fitted = defaults(readouts, variants, True, 1)
+    report: dict[str, Any] = {}
+    for name, (keys, train, held) in labeled_sets(readouts, questions, fitted, bases, prompt_version):
+        train_features, held_features = (_features(readouts[name][split]) for split in ("train", "held_out"))
+        curve = {}
+        for k in ks:
+            calibrated_runs, readout_runs, shares = [], [], []
+            for seed in range(seeds if k else 1):
+                order = np.random.default_rng(seed).permutation(len(train))[:k]
+                learner, learned = Learner(), Readouts()
+                labeled = [(keys["train"][i], train[i]) for i in order]
+                learner.add(labeled)
+                learned.add(learner, [(key, s, train_features[i]) for i, (key, s) in zip(order, labeled)])
+                alone, corrected, used = [], [], 0
+                for r, key, s, features in zip(readouts[name]["held_out"], keys["held_out"], held, held_features):
+                    probs, _ = learner.calibrate(key, s.probs, s.mass, s.disagreement)
+                    better, fit = learned.apply(key, r.kind, probs, features)
+                    used += fit is not None
+                    alone.append(Prediction(r.kind, tuple(probs), s.gold, s.mass))
+                    corrected.append(Prediction(r.kind, tuple(better), s.gold, s.mass))
+                calibrated_runs.append(summary_of(alone))
+                readout_runs.append(summary_of(corrected))
+                shares.append(used / len(held))
+            curve[k] = {
+                "calibrated": mean_of(calibrated_runs),
+                "readout": mean_of(readout_runs),
+                "learned_share": float(np.mean(shares)),
+            }
+        report[name] = {"n": len(held), "features": all(f is not None for f in train_features), "K": curve}
+    return report
+
+
+def verdicts(report: Mapping[str, Any], k: int = 200) -> dict[str, dict[str, bool]]:
+    """Per set: accuracy at K = `k` at least `GAIN` above calibration alone's ("gain"), and never more than `SLACK`
+    below it at any K ("never_worse")."""
+    out = {}
+    for name, entry in report.items():
+        curve = entry["K"]
+        gaps = [c["readout"]["accuracy"] - c["calibrated"]["accuracy"] for c in curve.values()]
+        at_k = curve.get(k) or curve.get(str(k))
+        out[name] = {
+            "gain": at_k is not None and at_k["readout"]["accuracy"] - at_k["calibrated"]["accuracy"] >= GAIN,
+            "never_worse": min(gaps) >= -SLACK,
+        }
+    return out
