@@ -16,7 +16,8 @@ would measure on as many answers), and whether the ECE is within that floor + 0.
 coverage, mean size and share guaranteed at `--coverage` (x_coverage, default 0.9), and the share of answers
 committed at `--min-accuracy` (x_min_accuracy, default 0.9) with their accuracy. Prints the table and writes
 the JSON (every held-out answer's probabilities in both rounds included), with what each round's answers used:
-their `x_calibration`, and how many answers used labels at each level (from each answer's `x_feedback`).
+their `x_calibration`, and how many answers used labels at each level and a learned readout (from each answer's
+`x_feedback`).
 
 Start the server on a new `--feedback-db` path: its database must be empty, or K = 0 is not the default. Sets are
 different questions, so a set's exact questions and families (type and instructions) never share labels with
@@ -124,7 +125,8 @@ def ask_all(server: Server, examples: Sequence[Example], concurrency: int) -> di
             if "x_abstain" in answer and not answer["x_abstain"]:
                 committed.append(max(range(len(probs)), key=probs.__getitem__) == gold)
             learned = answer.get("x_feedback")
-            used[f"{learned['level']}, {learned['labels']} labels" if learned else "none"] += 1
+            readout = f", readout {learned['readout']}" if learned and "readout" in learned else ""
+            used[f"{learned['level']}, {learned['labels']} labels{readout}" if learned else "none"] += 1
             answers.append(
                 {"id": example.id, "question": qid, "kind": question.kind, "gold": gold, "probabilities": probs}
             )

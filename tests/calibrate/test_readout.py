@@ -13,7 +13,7 @@ from typedlm.calibrate.readout import (
     Whitening,
     choose,
     fit_weights,
-    readout_key,
+    readout_keys,
 )
 
 KEYS = {"exact": "e1", "family": "f1", "kind": "noul"}
@@ -64,9 +64,9 @@ def test_noise_features_earn_no_readout_on_most_tasks():
 
 
 def test_readouts_learn_where_answers_mean_the_same_and_stay_bounded():
-    assert readout_key(KEYS, "noul", 2) == ("family", "f1")
-    assert readout_key({**KEYS, "kind": "choice"}, "choice", 5) == ("exact", "e1")
-    assert readout_key({**KEYS, "kind": "choice"}, "choice", 40) is None  # too many answers for weights of each
+    assert readout_keys(KEYS, "noul", 2) == [("family", "f1"), ("kind", "noul")]
+    assert readout_keys({**KEYS, "kind": "choice"}, "choice", 5) == [("exact", "e1")]
+    assert readout_keys({**KEYS, "kind": "choice"}, "choice", 65) == []  # too many answers for weights of each
     _, features, gold = _task(200, 2, 0.8, seed=4)
     learner, readouts = Learner(), Readouts(max_bytes=60_000)
     labeled = [(KEYS, Sample((0.5, 0.5), 0.5, 0.0, int(g)), f) for g, f in zip(gold, features)]
@@ -76,6 +76,7 @@ def test_readouts_learn_where_answers_mean_the_same_and_stay_bounded():
     readouts.add(learner, [(KEYS, Sample((0.5, 0.5), 0.5, 0.0, 0), None)])  # no features: passed over
     readouts.add(learner, labeled[MIN_READOUT_LABELS - 1 :])
     assert readouts.held_bytes <= 60_000 and len(readouts.levels[("family", "f1")].samples) < 200
+    assert len(readouts.levels[("kind", "noul")].samples) < 200
     fitted = readouts.fit_for(KEYS, "noul", 2)
     assert fitted is not None
     probs, used = readouts.apply(KEYS, "noul", [0.5, 0.5], features[0])

@@ -86,19 +86,23 @@ class FeedbackCalibrator:
         answer = self.base.answer(question, reads)
         return Sample(tuple(wire_probs(question, answer)), answer.raw_mass, disagreement(answer), gold)
 
-    def calibrated(self, question: Question, reads: Reads) -> tuple[Answer, list[float], Used | None]:
-        """The base's answer, and its probabilities through the learner with the level they used (None: none)."""
+    def calibrated(
+        self, question: Question, reads: Reads, keys: dict[str, str] | None = None
+    ) -> tuple[Answer, list[float], Used | None]:
+        """The base's answer, and its probabilities through the learner with the level they used (None: none);
+        `keys`: the question's, where already known."""
         base = self.base.answer(question, reads)
         probs, used = self.learner.calibrate(
-            self.keys(question), wire_probs(question, base), base.raw_mass, disagreement(base)
+            keys or self.keys(question), wire_probs(question, base), base.raw_mass, disagreement(base)
         )
         return base, probs, used
 
     def answer(self, question: Question, reads: Reads) -> Answer:
-        base, probs, used = self.calibrated(question, reads)
+        keys = self.keys(question)
+        base, probs, used = self.calibrated(question, reads, keys)
         if used is None:
             return base
-        probs, readout = self.readouts.apply(self.keys(question), question.kind, probs, reads.features)
+        probs, readout = self.readouts.apply(keys, question.kind, probs, reads.features)
         feedback = {**used.to_wire(), "readout": "calibrated" if readout is None else "learned"}
         return question.answer(probs, base.raw_mass, {**base.extras, "feedback": feedback})
 
@@ -230,10 +234,17 @@ class Feedback:
         return len(stored or ()), {qid: self.calibrator.in_force(questions[qid]) for qid in gold}
 
     def stats(self) -> dict[str, float]:
-        """Labels learned from the store, those that cannot be (see `sync`), and the samples the learner holds
-        (its latest) and their bytes."""
-        learner = self.calibrator.learner
-        return {"labels": self.learned, "not_learned": self.skipped, "held": learner.held, "bytes": learner.nbytes}
+        """Labels learned from the store, those that cannot be (see `sync`), the samples the learner holds (its
+        latest) and their bytes, and the learned readouts in force and the bytes of the labels they hold."""
+        learner, readouts = self.calibrator.learner, self.calibrator.readouts
+        return {
+            "labels": self.learned,
+            "not_learned": self.skipped,
+            "held": learner.held,
+            "bytes": learner.nbytes,
+            "readouts": len(readouts.snapshot),
+            "readout_bytes": readouts.held_bytes,
+        }
 
     # -- polling -----------------------------------------------------------------------------------------------
 

@@ -35,15 +35,15 @@ class Projection:
         self._matrices: dict[int, np.ndarray] = {}  # hidden size → its matrix (one model has one)
         self._lock = threading.Lock()
 
-    def matrix(self, hidden_size: int) -> np.ndarray:
-        """[hidden_size, min(hidden_size, dims)] float32, the same for the same fingerprint in every process."""
+    def matrix(self, width: int) -> np.ndarray:
+        """[width, min(width, dims)] float32, the same for the same fingerprint in every process."""
         with self._lock:
-            found = self._matrices.get(hidden_size)
+            found = self._matrices.get(width)
             if found is None:
                 rng = np.random.default_rng(self.seed)
-                dims = min(hidden_size, self.dims)
-                found = rng.standard_normal((hidden_size, dims), dtype=np.float32) / np.float32(np.sqrt(hidden_size))
-                self._matrices[hidden_size] = found
+                dims = min(width, self.dims)
+                found = rng.standard_normal((width, dims), dtype=np.float32) / np.float32(np.sqrt(width))
+                self._matrices[width] = found
             return found
 
     def __call__(self, rows: np.ndarray) -> np.ndarray:

@@ -7,22 +7,25 @@ held at the decision row (the read's features: `typedlm.calibrate.projection`), 
 
 The learner (`typedlm.calibrate.learning`) makes a question's probabilities honest; what is right stays what the label
 logits say. The hidden state at the decision row holds more than the label logits: a readout learns from it where
-a question's answers mean the same from label to label (`readout_key`):
+a question's answers mean the same from label to label (`readout_keys`, the most specific first):
 
-    noul            at its family (type and instructions): yes and no mean the same for every question asked so
-    choice, score   at the exact question, up to `MAX_BIAS_ANSWERS` answers: options fixed, each answer its own
+    noul            at its family (type and instructions), where yes and no mean the same for every question
+                    asked so, and at its kind (every yes/no question: "yes, it holds"), for questions whose family
+                    has too few labels of its own (generated questions, each its own family)
+    choice, score   at the exact question, up to `MAX_READOUT_ANSWERS` answers: options fixed, each answer its own
                     weights
     anything else   none: a family whose options change from question to question has no fixed answer to learn
                     weights for
 
-The model: log p'(a) = log p(a) + w_a · x(features) + const, p the calibrated probabilities, x the level's features
-centred and whitened on its own labels, cut to the first k principal components. Fitted by maximum a posteriori with
-a Gaussian prior centred on "no change" (w = 0, strength λ): Böhning's bound makes each step a fixed-step gradient
-step (the whitened features' Gram matrix is N·I), accelerated. k and λ are chosen by `FOLDS`-fold cross-validation
-on the level's labels whenever their count doubles from `MIN_READOUT_LABELS` on, among `COMPONENTS` × `SHRINKS`,
-and the readout is used at all only where its cross-validated log loss is below calibration alone's on the same
-labels by more than `MARGIN_Z` standard errors and its accuracy not below it; in between, it is refitted with the
-chosen k and λ as labels come.
+The model: log p'(a) = (log p(a) + w_a · x(features)) / T + const, p the calibrated probabilities, x the level's
+features centred and whitened on its own labels, cut to the first k principal components, T a temperature fitted on
+the cross-validated predictions (the prior's shrinkage leaves a readout less sure than it is right). Fitted by
+maximum a posteriori with a Gaussian prior centred on "no change" (w = 0, strength λ): Böhning's bound makes each
+step a fixed-step gradient step (the whitened features' Gram matrix is N·I), accelerated. k and λ are chosen by
+`FOLDS`-fold cross-validation on the level's labels whenever their count doubles from `MIN_READOUT_LABELS` on, among
+`COMPONENTS` × `SHRINKS`, and the readout is used at all only where its cross-validated log loss is below
+calibration alone's on the same labels by more than `MARGIN_Z` standard errors and its accuracy not below it; in
+between, it is refitted with the chosen k and λ as labels come.
 
 Bounded: a level keeps its latest `MAX_READOUT_LABELS` labels, all levels together `MAX_READOUT_BYTES`.
 """
@@ -37,10 +40,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from typedlm.calibrate.learning import MAX_BIAS_ANSWERS, Learner, Sample
+from typedlm.calibrate.learning import Learner, Sample
 from typedlm.core.names import Kind
 
 MIN_READOUT_LABELS = 30  # a readout is considered from this many labels on
+MAX_READOUT_ANSWERS = 64  # a choice or score learns a readout with at most this many answers
 COMPONENTS = (4, 16, 64)  # principal components a readout may read
 SHRINKS = (2.0, 8.0, 32.0, 128.0)  # the prior's strength λ
 FOLDS = 5
@@ -53,13 +57,16 @@ TOLERANCE = 1e-5
 FLOOR = 1e-12
 
 
-def readout_key(keys: dict[str, str], kind: str, answers: int) -> tuple[str, str] | None:
-    """The level whose labels a question's readout learns from (see the module), or None: no readout."""
+TEMPERATURES = np.exp(np.linspace(-1.5, 1.5, 61))  # the readout's temperature, chosen on its out-of-fold output
+
+
+def readout_keys(keys: dict[str, str], kind: str, answers: int) -> list[tuple[str, str]]:
+    """The levels whose labels a question's readouts learn from, the most specific first (see the module)."""
     if kind == Kind.NOUL:
-        return ("family", keys["family"])
-    if answers <= MAX_BIAS_ANSWERS:
-        return ("exact", keys["exact"])
-    return None
+        return [("family", keys["family"]), ("kind", keys["kind"])]
+    if answers <= MAX_READOUT_ANSWERS:
+        return [("exact", keys["exact"])]
+    return []
 
 
 def _softmax(logits: np.ndarray) -> np.ndarray:
@@ -77,14 +84,31 @@ class Whitening:
 
     @classmethod
     def of(cls, features: np.ndarray, components: int) -> Whitening:
+        return cls.full(features).cut(components)
+
+    @classmethod
+    def full(cls, features: np.ndarray) -> Whitening:
+        """Every principal component the features have (those of non-negligible spread), most spread first."""
         mean = features.mean(axis=0)
-        _, spread, directions = np.linalg.svd(features - mean, full_matrices=False)
-        kept = int(np.sum(spread > spread[0] * 1e-4)) if len(spread) and spread[0] > 0 else 0
-        k = min(components, kept)
-        return cls(mean, (directions[:k].T * (math.sqrt(len(features)) / spread[:k])).astype(np.float64))
+        # the components from the Gram matrix [d, d]: cheaper than an SVD of [N, d] where N > d
+        spread2, directions = np.linalg.eigh((features - mean).T @ (features - mean))
+        order = np.argsort(spread2)[::-1]
+        spread2, directions = np.maximum(spread2[order], 0.0), directions[:, order]
+        kept = int(np.sum(spread2 > spread2[0] * 1e-8)) if len(spread2) and spread2[0] > 0 else 0
+        return cls(mean, directions[:, :kept] * (math.sqrt(len(features)) / np.sqrt(spread2[:kept])))
+
+    def cut(self, components: int) -> Whitening:
+        """The first `components` of these."""
+        return Whitening(self.mean, self.basis[:, :components])
 
     def __call__(self, features: np.ndarray) -> np.ndarray:
         return (features - self.mean) @ self.basis
+
+
+def temperature(logits: np.ndarray, gold: np.ndarray) -> float:
+    """The T among `TEMPERATURES` with the least log loss of softmax(logits / T) [N, n] on gold [N]."""
+    losses = [_losses(_softmax(logits / t), gold).mean() for t in TEMPERATURES]
+    return float(TEMPERATURES[int(np.argmin(losses))])
 
 
 def fit_weights(offsets: np.ndarray, x: np.ndarray, gold: np.ndarray, shrink: float) -> np.ndarray:
@@ -111,27 +135,52 @@ def fit_weights(offsets: np.ndarray, x: np.ndarray, gold: np.ndarray, shrink: fl
 
 @dataclass(frozen=True)
 class ReadoutFit:
-    """A level's learned readout: its whitening and weights, and the labels it was fitted on."""
+    """A level's learned readout, folded into one affine map of the features (whitening, then weights):
+    corrected logits = log p + features @ matrix + bias, then the temperature; and what it was fitted with."""
 
-    whitening: Whitening
-    weights: np.ndarray  # [n, k]
+    matrix: np.ndarray  # [d, n]: basis @ weightsᵀ
+    bias: np.ndarray  # [n]: −mean @ matrix
     labels: int
     components: int
     shrink: float
+    temperature: float = 1.0
 
     @classmethod
-    def fit(cls, offsets: np.ndarray, features: np.ndarray, gold: np.ndarray, components: int, shrink: float):
-        whitening = Whitening.of(features, components)
+    def fit(
+        cls,
+        offsets: np.ndarray,
+        features: np.ndarray,
+        gold: np.ndarray,
+        components: int,
+        shrink: float,
+        temperature: float = 1.0,
+        whitened: Whitening | None = None,
+    ) -> ReadoutFit:
+        """The readout of these labels (`whitened`: their features' `Whitening.full`, where already computed)."""
+        whitening = (whitened or Whitening.full(features)).cut(components)
         weights = fit_weights(offsets, whitening(features), gold, shrink)
-        return cls(whitening, weights, len(gold), components, shrink)
+        matrix = whitening.basis @ weights.T
+        return cls(matrix, -whitening.mean @ matrix, len(gold), components, shrink, temperature)
+
+    @property
+    def dims(self) -> int:
+        """The features' dimensions it reads."""
+        return self.matrix.shape[0]
+
+    def logits(self, log_probs: np.ndarray, features: np.ndarray) -> np.ndarray:
+        """Calibrated log-probabilities [N, n] and features [N, d] → the corrected logits before the temperature."""
+        return log_probs + features @ self.matrix + self.bias
 
     def apply_rows(self, log_probs: np.ndarray, features: np.ndarray) -> np.ndarray:
         """Calibrated log-probabilities [N, n] and features [N, d] → corrected probabilities [N, n]."""
-        return _softmax(log_probs + self.whitening(features) @ self.weights.T)
+        return _softmax(self.logits(log_probs, features) / self.temperature)
 
     def apply(self, probs: Sequence[float], features: np.ndarray) -> list[float]:
-        log_probs = np.log(np.maximum(np.asarray(probs, dtype=np.float64), FLOOR))[None]
-        return self.apply_rows(log_probs, np.asarray(features, dtype=np.float64)[None])[0].tolist()
+        """One answer's calibrated probabilities and its features [d] → its corrected probabilities."""
+        logits = np.log(np.maximum(probs, FLOOR)) + features @ self.matrix + self.bias
+        logits = (logits - logits.max()) / self.temperature
+        exp = np.exp(logits)
+        return (exp / exp.sum()).tolist()
 
 
 def _losses(probs: np.ndarray, gold: np.ndarray) -> np.ndarray:
@@ -139,27 +188,32 @@ def _losses(probs: np.ndarray, gold: np.ndarray) -> np.ndarray:
     return -np.log(np.maximum(probs[np.arange(len(gold)), gold], FLOOR))
 
 
-def choose(offsets: np.ndarray, features: np.ndarray, gold: np.ndarray) -> tuple[int, float] | None:
-    """The (components, λ) whose readout predicts these labels best out of fold (`FOLDS` folds, label i in fold
-    i mod FOLDS), where it beats calibration alone (`offsets`) in log loss by more than `MARGIN_Z` standard errors
-    of the labels' paired differences (the best of many variants beats the base by chance alone) and does not
-    lose accuracy; else None."""
+def choose(offsets: np.ndarray, features: np.ndarray, gold: np.ndarray) -> tuple[int, float, float] | None:
+    """The (components, λ, temperature) whose readout predicts these labels best out of fold (`FOLDS` folds, label
+    i in fold i mod FOLDS; the temperature fitted on those predictions), where it beats calibration alone
+    (`offsets`) in log loss by more than `MARGIN_Z` standard errors of the labels' paired differences (the best of
+    many variants beats the base by chance alone) and does not lose accuracy; else None."""
     base_losses = _losses(np.exp(offsets), gold)
     base_accuracy = float(np.mean(offsets.argmax(axis=1) == gold))
     fold = np.arange(len(gold)) % FOLDS
-    best: tuple[float, int, float] | None = None
+    best: tuple[float, int, float, float] | None = None
+    whitened = [Whitening.full(features[fold != f]) for f in range(FOLDS)]  # once per fold, cut to each k
     for components in COMPONENTS:
         for shrink in SHRINKS:
-            predicted = np.zeros_like(offsets)
+            logits = np.zeros_like(offsets)
             for f in range(FOLDS):
                 train, test = fold != f, fold == f
-                fitted = ReadoutFit.fit(offsets[train], features[train], gold[train], components, shrink)
-                predicted[test] = fitted.apply_rows(offsets[test], features[test])
+                fitted = ReadoutFit.fit(
+                    offsets[train], features[train], gold[train], components, shrink, whitened=whitened[f]
+                )
+                logits[test] = fitted.logits(offsets[test], features[test])
+            t = temperature(logits, gold)
+            predicted = _softmax(logits / t)
             gain = base_losses - _losses(predicted, gold)
             margin = MARGIN_Z * gain.std() / math.sqrt(len(gain))
             accuracy = float(np.mean(predicted.argmax(axis=1) == gold))
             if gain.mean() > margin and accuracy >= base_accuracy and (best is None or gain.mean() > best[0]):
-                best = (float(gain.mean()), components, shrink)
+                best = (float(gain.mean()), components, shrink, t)
     return None if best is None else best[1:]
 
 
@@ -171,7 +225,7 @@ class _Level:
     keys: deque = field(default_factory=deque)  # each label's question keys (its learner calibration's)
     samples: deque = field(default_factory=deque)  # each label's `Sample`
     features: deque = field(default_factory=deque)  # each label's features [d] float16
-    chosen: tuple[int, float] | None = None
+    chosen: tuple[int, float, float] | None = None  # (components, λ, temperature)
     chosen_at: int = 0
     fitted_at: int = 0
     added: int = 0  # labels ever added (the latest are held)
@@ -230,20 +284,21 @@ class Readouts:
         with self._lock:
             touched = set()
             for keys, sample, features in labeled:
-                key = None if features is None else readout_key(keys, keys["kind"], len(sample.probs))
-                if key is None:
+                if features is None:
                     continue
-                level = self.levels.setdefault(key, _Level(len(sample.probs)))
-                if level.features and len(level.features[0]) != len(features):
-                    continue  # another projection's features (another model's): never mixed
-                level.keys.append(keys)
-                level.samples.append(sample)
-                level.features.append(np.asarray(features, dtype=np.float16))
-                level.added += 1
-                self.held_bytes += _bytes(sample, features)
-                if len(level.samples) > MAX_READOUT_LABELS:
-                    self._drop_oldest(level)
-                touched.add(key)
+                for key in readout_keys(keys, keys["kind"], len(sample.probs)):
+                    level = self.levels.setdefault(key, _Level(len(sample.probs)))
+                    if level.features and len(level.features[0]) != len(features):
+                        continue  # another projection's features (another model's): never mixed
+                    stored = np.asarray(features, dtype=np.float16)
+                    level.keys.append(keys)
+                    level.samples.append(sample)
+                    level.features.append(stored)
+                    level.added += 1
+                    self.held_bytes += _bytes(sample, stored)
+                    if len(level.samples) > MAX_READOUT_LABELS:
+                        self._drop_oldest(level)
+                    touched.add(key)
             while self.held_bytes > self.max_bytes:  # the most labeled level lets its oldest go
                 self._drop_oldest(max(self.levels.values(), key=lambda level: len(level.samples)))
             snapshot = dict(self.snapshot)
@@ -261,8 +316,9 @@ class Readouts:
         self.held_bytes -= _bytes(sample, features)
 
     def fit_for(self, keys: dict[str, str], kind: str, answers: int) -> ReadoutFit | None:
-        key = readout_key(keys, kind, answers)
-        return None if key is None else self.snapshot.get(key)
+        """The question's readout in force: its most specific level's that has one (None: none has)."""
+        snapshot = self.snapshot
+        return next((snapshot[k] for k in readout_keys(keys, kind, answers) if k in snapshot), None)
 
     def apply(
         self, keys: dict[str, str], kind: str, probs: Sequence[float], features: np.ndarray | None
@@ -270,6 +326,6 @@ class Readouts:
         """`probs` (calibrated) through the question's learned readout where one is in force and the read has
         features; else unchanged, and None."""
         fitted = None if features is None else self.fit_for(keys, kind, len(probs))
-        if fitted is None or fitted.whitening.mean.shape[0] != len(features):
+        if fitted is None or fitted.dims != len(features):
             return list(probs), None
         return fitted.apply(probs, features), fitted
