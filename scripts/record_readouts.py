@@ -80,7 +80,7 @@ def record_all(args: argparse.Namespace) -> None:
     from typedlm import Decider
     from typedlm.core.names import Kind
 
-    Decider.load(args.model, device=args.device, dtype="float32")  # a GGUF is converted once, before the workers
+    Decider.load(args.model, device="cpu", dtype="float32")  # a GGUF converted once, before the workers (on the CPU)
     jobs = []
     for version in args.prompt_versions:
         for path in sorted(Path(args.examples).glob("*.jsonl")):
