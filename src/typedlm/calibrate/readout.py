@@ -191,10 +191,12 @@ def _losses(probs: np.ndarray, gold: np.ndarray) -> np.ndarray:
     return -np.log(np.maximum(probs[np.arange(len(gold)), gold], FLOOR))
 
 
-def choose(offsets: np.ndarray, features: np.ndarray, gold: np.ndarray) -> tuple[int, float, float] | None:
+def choose(
+    offsets: np.ndarray, features: np.ndarray, gold: np.ndarray, margin_z: float = MARGIN_Z
+) -> tuple[int, float, float] | None:
     """The (components, λ, temperature) whose readout predicts these labels best out of fold (`FOLDS` folds, label
     i in fold i mod FOLDS; the temperature fitted on those predictions), where it beats calibration alone
-    (`offsets`) in log loss by more than `MARGIN_Z` standard errors of the labels' paired differences (the best of
+    (`offsets`) in log loss by more than `margin_z` standard errors of the labels' paired differences (the best of
     many variants beats the base by chance alone) and does not lose accuracy; else None."""
     base_losses = _losses(np.exp(offsets), gold)
     base_accuracy = float(np.mean(offsets.argmax(axis=1) == gold))
@@ -213,7 +215,7 @@ def choose(offsets: np.ndarray, features: np.ndarray, gold: np.ndarray) -> tuple
             t = temperature(logits, gold)
             predicted = _softmax(logits / t)
             gain = base_losses - _losses(predicted, gold)
-            margin = MARGIN_Z * gain.std() / math.sqrt(len(gain))
+            margin = margin_z * gain.std() / math.sqrt(len(gain))
             accuracy = float(np.mean(predicted.argmax(axis=1) == gold))
             if gain.mean() > margin and accuracy >= base_accuracy and (best is None or gain.mean() > best[0]):
                 best = (float(gain.mean()), components, shrink, t)
@@ -247,7 +249,7 @@ class _Level:
             out[rows] = learner.calibrate_rows(keys, probs, mass, disagreement)
         return np.log(np.maximum(out, FLOOR))
 
-    def refit(self, learner: Learner) -> tuple[bool, ReadoutFit | None]:
+    def refit(self, learner: Learner, margin_z: float = MARGIN_Z) -> tuple[bool, ReadoutFit | None]:
         """Choose again where the count doubled since the last choice, refit where it grew by `REFIT_SHARE`:
         (whether it was refitted, the fit then in force: None where no readout has earned its place)."""
         n = len(self.samples)
@@ -261,7 +263,7 @@ class _Level:
         features = np.asarray(self.features, dtype=np.float64)
         gold = np.asarray([s.gold for s in self.samples])
         if due_choice:
-            self.chosen, self.chosen_at = choose(offsets, features, gold), self.added
+            self.chosen, self.chosen_at = choose(offsets, features, gold, margin_z), self.added
         self.fitted_at = self.added
         return True, None if self.chosen is None else ReadoutFit.fit(offsets, features, gold, *self.chosen)
 
@@ -274,8 +276,9 @@ class Readouts:
     """Every readout level's labels and fits. `add` (one writer at a time) refits the levels its labels touch and
     publishes a new snapshot; `apply` (any thread) reads the snapshot it finds."""
 
-    def __init__(self, max_bytes: int = MAX_READOUT_BYTES):
+    def __init__(self, max_bytes: int = MAX_READOUT_BYTES, margin_z: float = MARGIN_Z):
         self.max_bytes = max_bytes
+        self.margin_z = margin_z  # `choose`'s margin (the simulations compare others)
         self.held_bytes = 0
         self.levels: dict[tuple[str, str], _Level] = {}
         self.snapshot: dict[tuple[str, str], ReadoutFit] = {}
@@ -306,7 +309,7 @@ class Readouts:
                 self._drop_oldest(max(self.levels.values(), key=lambda level: len(level.samples)))
             snapshot = dict(self.snapshot)
             for key in touched:
-                refitted, fitted = self.levels[key].refit(learner)
+                refitted, fitted = self.levels[key].refit(learner, self.margin_z)
                 if refitted and fitted is None:
                     snapshot.pop(key, None)
                 elif refitted:

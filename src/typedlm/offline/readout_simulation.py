@@ -19,7 +19,7 @@ import numpy as np
 
 from typedlm.calibrate.learning import Learner
 from typedlm.calibrate.projection import decode
-from typedlm.calibrate.readout import Readouts
+from typedlm.calibrate.readout import MARGIN_Z, Readouts
 from typedlm.core.questions import Question
 from typedlm.offline.metrics import Prediction
 from typedlm.offline.readouts import Readout
@@ -29,6 +29,8 @@ KS = (0, 25, 50, 100, 200, 400)
 SEEDS = 5
 GAIN = 0.03  # the target: accuracy at K = 200 at least this far above calibration alone's...
 SLACK = 0.01  # ...and never more than this below it
+VALIDATION_SHARE = 0.4  # of a set's train examples, scored when the readout's settings are chosen (`validation_splits`)
+MARGINS = (0.5, 1.0, 1.64, 2.33)  # the margins compared there
 
 
 def _features(rows: Sequence[Readout]) -> list[np.ndarray | None]:
@@ -42,6 +44,7 @@ def simulate(
     prompt_version: str,
     ks: Sequence[int] = KS,
     seeds: int = SEEDS,
+    margin_z: float = MARGIN_Z,
 ) -> dict[str, Any]:
     """{set: {"n": held-out answers, "features": whether they were recorded, "K": {k: {"calibrated": summary,
     "readout": summary, "learned_share": ...}}}}."""
@@ -55,7 +58,7 @@ def simulate(
             calibrated_runs, readout_runs, shares = [], [], []
             for seed in range(seeds if k else 1):
                 order = np.random.default_rng(seed).permutation(len(train))[:k]
-                learner, learned = Learner(), Readouts()
+                learner, learned = Learner(), Readouts(margin_z=margin_z)
                 labeled = [(keys["train"][i], train[i]) for i in order]
                 learner.add(labeled)
                 learned.add(learner, [(key, s, train_features[i]) for i, (key, s) in zip(order, labeled)])
@@ -76,6 +79,32 @@ def simulate(
             }
         report[name] = {"n": len(held), "features": all(f is not None for f in train_features), "K": curve}
     return report
+
+
+def validation_splits(
+    readouts: Mapping[str, Mapping[str, Sequence[Readout]]], share: float = VALIDATION_SHARE
+) -> dict[str, dict[str, list[Readout]]]:
+    """Each set's train split cut in two by example, at random (seeded: a file's examples may come sorted by class):
+    `1 − share` of them the stream, the rest scored as "held_out"; for choosing the readout's settings without
+    looking at held-out data."""
+    out = {}
+    for name, splits in readouts.items():
+        examples = list(dict.fromkeys(r.example for r in splits["train"]))
+        order = np.random.default_rng(0).permutation(len(examples))
+        scored = {examples[i] for i in order[round(len(examples) * (1 - share)) :]}
+        train = [r for r in splits["train"] if r.example not in scored]
+        out[name] = {"train": train, "held_out": [r for r in splits["train"] if r.example in scored]}
+    return out
+
+
+def margin_score(report: Mapping[str, Any], ks: Sequence[int]) -> dict[str, float]:
+    """A margin's record on a report: the mean accuracy gain over sets and `ks`, and the worst cell's."""
+    gaps = [
+        entry["K"][k]["readout"]["accuracy"] - entry["K"][k]["calibrated"]["accuracy"]
+        for entry in report.values()
+        for k in ks
+    ]
+    return {"mean_gain": float(np.mean(gaps)), "worst": float(min(gaps))}
 
 
 def verdicts(report: Mapping[str, Any], k: int = 200) -> dict[str, dict[str, bool]]:
