@@ -17,36 +17,22 @@ import argparse
 import json
 from pathlib import Path
 
+from typedlm.offline.metrics import set_panels
 from typedlm.offline.simulation import KS, SEEDS, simulate, verdicts
 from typedlm.offline.simulation_inputs import SimulationInputs
 
 
 def plot(report: dict, path: Path, title: str) -> None:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    names = list(report)
-    columns = 4
-    rows = (len(names) + columns - 1) // columns
-    fig = Figure(figsize=(3.4 * columns, 2.8 * rows), layout="constrained")
-    FigureCanvasAgg(fig)
-    axes = fig.subplots(rows, columns, squeeze=False)
-    for ax, name in zip(axes.flat, names):
+    def draw(ax, name: str) -> None:
         curve = report[name]["K"]
         ks = sorted(curve, key=int)
         ax.plot([int(k) for k in ks], [curve[k]["ece"] for k in ks], "o-", label="ECE, feedback")
         ax.plot([int(k) for k in ks], [curve[k]["floor90"] for k in ks], "--", color="gray", label="floor (p90)")
         ax.axhline(report[name]["raw"]["ece"], color="tab:red", lw=0.8, label="raw")
         ax.set_xscale("symlog", linthresh=10)
-        ax.set_title(name, fontsize=9)
-        ax.set_xlabel("labels posted (K)", fontsize=8)
         ax.set_ylim(0, max(0.3, max(curve[k]["ece"] for k in ks) * 1.1))
-        ax.tick_params(labelsize=7)
-    for ax in list(axes.flat)[len(names) :]:
-        ax.set_visible(False)
-    axes.flat[0].legend(fontsize=7)
-    fig.suptitle(title, fontsize=10)
-    fig.savefig(path, dpi=110)
+
+    set_panels(list(report), draw, path, title)
 
 
 def main() -> None:

@@ -48,7 +48,7 @@ class LevelFit:
     def apply_rows(self, probs: np.ndarray, mass: np.ndarray, disagreement: np.ndarray) -> np.ndarray:
         """Answers of one size through this level: probabilities [N, n], raw masses [N], disagreements [N]."""
         rows = as_rows(probs, mass, disagreement)
-        return _softmax(_logits(self.kind, self.variant, np.asarray(self.theta), self.biased, rows))
+        return softmax(_logits(self.kind, self.variant, np.asarray(self.theta), self.biased, rows))
 
 
 # ---- the model: logits and their Jacobian in θ, for samples of one size n -------------------------------------
@@ -126,7 +126,8 @@ def _jacobian(kind: str, variant: str, theta: np.ndarray, biased: bool, rows: Ro
     return jac
 
 
-def _softmax(logits: np.ndarray) -> np.ndarray:
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """Rows of logits [N, n] → probabilities [N, n]."""
     shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
     return shifted / shifted.sum(axis=1, keepdims=True)
 
@@ -193,7 +194,7 @@ def fit(
         grad, hess = shrink * theta, shrink * np.eye(size)
         for rows, aim in zip(groups, aims):
             jac = _jacobian(kind, variant, theta, biased, rows)
-            probs = _softmax(_logits(kind, variant, theta, biased, rows))
+            probs = softmax(_logits(kind, variant, theta, biased, rows))
             residual = probs - aim
             grad = grad + np.einsum("inp,in->p", jac, residual)
             weighted = np.einsum("inp,in->ip", jac, probs)

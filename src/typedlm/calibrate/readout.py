@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from typedlm.calibrate.learning import Learner, Sample
+from typedlm.calibrate.level_fit import softmax
 from typedlm.core.names import Kind
 
 MIN_READOUT_LABELS = 30  # a readout is considered from this many labels on
@@ -67,12 +68,6 @@ def readout_keys(keys: dict[str, str], kind: str, answers: int) -> list[tuple[st
     if answers <= MAX_READOUT_ANSWERS:
         return [("exact", keys["exact"])]
     return []
-
-
-def _softmax(logits: np.ndarray) -> np.ndarray:
-    logits = logits - logits.max(axis=-1, keepdims=True)
-    exp = np.exp(logits)
-    return exp / exp.sum(axis=-1, keepdims=True)
 
 
 @dataclass(frozen=True)
@@ -107,7 +102,7 @@ class Whitening:
 
 def temperature(logits: np.ndarray, gold: np.ndarray) -> float:
     """The T among `TEMPERATURES` with the least log loss of softmax(logits / T) [N, n] on gold [N]."""
-    losses = [_losses(_softmax(logits / t), gold).mean() for t in TEMPERATURES]
+    losses = [_losses(softmax(logits / t), gold).mean() for t in TEMPERATURES]
     return float(TEMPERATURES[int(np.argmin(losses))])
 
 
@@ -123,7 +118,7 @@ def fit_weights(offsets: np.ndarray, x: np.ndarray, gold: np.ndarray, shrink: fl
     step = 1.0 / (0.5 * len(x) + shrink)
     previous, ahead = weights, weights
     for t in range(1, MAX_STEPS + 1):
-        probs = _softmax(offsets + x @ ahead.T)
+        probs = softmax(offsets + x @ ahead.T)
         gradient = (probs - onehot).T @ x + shrink * ahead
         weights = ahead - step * gradient
         if np.abs(weights - previous).max() < TOLERANCE:
@@ -173,7 +168,7 @@ class ReadoutFit:
 
     def apply_rows(self, log_probs: np.ndarray, features: np.ndarray) -> np.ndarray:
         """Calibrated log-probabilities [N, n] and features [N, d] → corrected probabilities [N, n]."""
-        return _softmax(self.logits(log_probs, features) / self.temperature)
+        return softmax(self.logits(log_probs, features) / self.temperature)
 
     def apply(self, probs: Sequence[float], features: np.ndarray) -> list[float]:
         """One answer's calibrated probabilities and its features [d] → its corrected probabilities (one matrix
@@ -213,7 +208,7 @@ def choose(
                 )
                 logits[test] = fitted.logits(offsets[test], features[test])
             t = temperature(logits, gold)
-            predicted = _softmax(logits / t)
+            predicted = softmax(logits / t)
             gain = base_losses - _losses(predicted, gold)
             margin = margin_z * gain.std() / math.sqrt(len(gain))
             accuracy = float(np.mean(predicted.argmax(axis=1) == gold))
@@ -292,11 +287,11 @@ class Readouts:
             for keys, sample, features in labeled:
                 if features is None:
                     continue
+                stored = np.asarray(features, dtype=np.float16)
                 for key in readout_keys(keys, keys["kind"], len(sample.probs)):
                     level = self.levels.setdefault(key, _Level(len(sample.probs)))
-                    if level.features and len(level.features[0]) != len(features):
+                    if level.features and len(level.features[0]) != len(stored):
                         continue  # another projection's features (another model's): never mixed
-                    stored = np.asarray(features, dtype=np.float16)
                     level.keys.append(keys)
                     level.samples.append(sample)
                     level.features.append(stored)

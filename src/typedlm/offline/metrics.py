@@ -32,7 +32,7 @@ canvas (no display, no pyplot); `format_table` renders summaries as a GitHub Mar
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -162,6 +162,31 @@ def ece_floor(
         "p90": float(np.quantile(eces, 0.9)),
         f"share_at_most_{at_most:g}": float((eces <= at_most).mean()),
     }
+
+
+def set_panels(
+    names: Sequence[str], draw: Callable[[Any, str], None], path: str | Path, title: str, legend_size: int = 7
+) -> None:
+    """Write a PNG of one panel per labeled set, four to a row, each drawn by `draw(axes, name)` against the labels
+    posted (K), the first panel's legend; as `reliability_plot`, on matplotlib's Agg canvas."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    columns = 4
+    rows = (len(names) + columns - 1) // columns
+    fig = Figure(figsize=(3.4 * columns, 2.8 * rows), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(rows, columns, squeeze=False)
+    for ax, name in zip(axes.flat, names):
+        draw(ax, name)
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel("labels posted (K)", fontsize=8)
+        ax.tick_params(labelsize=7)
+    for ax in list(axes.flat)[len(names) :]:
+        ax.set_visible(False)
+    axes.flat[0].legend(fontsize=legend_size)
+    fig.suptitle(title, fontsize=10)
+    fig.savefig(path, dpi=110)
 
 
 def reliability_plot(summary: Mapping[str, Mapping[str, Any]], path: str | Path, title: str = "Reliability") -> Path:

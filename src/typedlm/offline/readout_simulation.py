@@ -23,7 +23,7 @@ from typedlm.calibrate.readout import MARGIN_Z, Readouts
 from typedlm.core.questions import Question
 from typedlm.offline.metrics import Prediction
 from typedlm.offline.readouts import Readout
-from typedlm.offline.simulation import ShippedVariant, defaults, labeled_sets, mean_of, summary_of
+from typedlm.offline.simulation import ShippedVariant, defaults, labeled_sets, mean_of, stream_orders, summary_of
 
 KS = (0, 25, 50, 100, 200, 400)
 SEEDS = 5
@@ -56,8 +56,7 @@ def simulate(
         curve = {}
         for k in ks:
             calibrated_runs, readout_runs, shares = [], [], []
-            for seed in range(seeds if k else 1):
-                order = np.random.default_rng(seed).permutation(len(train))[:k]
+            for order in stream_orders(len(train), k, seeds):
                 learner, learned = Learner(), Readouts(margin_z=margin_z)
                 labeled = [(keys["train"][i], train[i]) for i in order]
                 learner.add(labeled)

@@ -102,6 +102,12 @@ def defaults(
     return out
 
 
+def stream_orders(n: int, k: int, seeds: int) -> list[np.ndarray]:
+    """The first `k` of `n` train answers in each of `seeds` seeded random orders (one order at K = 0: nothing is
+    posted, so every order gives the same)."""
+    return [np.random.default_rng(seed).permutation(n)[:k] for seed in range(seeds if k else 1)]
+
+
 def samples_of(rows: Sequence[Readout], predictions: Sequence[Prediction], bases, reads: int) -> list[Sample]:
     answers = answers_of(rows, bases, reads)
     return [
@@ -151,8 +157,7 @@ def simulate(
         curve = {}
         for k in ks:
             runs = []
-            for seed in range(seeds if k else 1):
-                order = np.random.default_rng(seed).permutation(len(train))[:k]
+            for order in stream_orders(len(train), k, seeds):
                 learner = Learner()
                 learner.add((keys["train"][i], train[i]) for i in order)
                 predictions = []

@@ -240,9 +240,9 @@ class FakeEngine:
     def launch_many(self, documents: Sequence[Work], keep_prefix: bool = True, features: bool = False) -> InFlight:
         """One document at a time, done before it returns (as the real engine's eager forwards)."""
         results = [self.run(ids, items, base, keep_prefix) for ids, items, base in documents]
-        contexts = [self.prefill(ids, base)[0].ids for ids, _, base in documents]
 
         def rows() -> list[np.ndarray]:
+            contexts = [self.prefill(ids, base)[0].ids for ids, _, base in documents]
             return [
                 np.stack([hidden(context, item) for item in items]) if items else np.zeros((0, HIDDEN_SIZE), np.float32)
                 for context, (_, items, _) in zip(contexts, documents)
