@@ -1,7 +1,7 @@
 """The host work of one request without the model: tokenizing, packing and writing the static inputs.
 
     python -m benchmarks.host_work [--questions 1 32] [--repeats 200] [--new-documents] [--tokenizer DIR]
-                                   [--piece-chars 0 1024]
+                                   [--ways words words-cold pieces whole] [--piece-chars 1024]
 
 On a GPU a request's forward is one graph replay, so the Python around it is a visible share of its latency
 (docs/performance.md). This times those steps alone, on the CPU, with the embedded model's tokenizer: a
@@ -9,9 +9,12 @@ document of P ≈ 1266 tokens (three take turns, as in latency, so their ids are
 warm-up) and Q yes/no questions, as `Decider.decide` and `StaticRunner.run` do them (the prefix-cache
 lookup, the model, the answers and the graph launch are not here). With --new-documents every request brings a
 document of its own (its own first line, as throughput's), so each is tokenized as a server meets it;
---tokenizer times another model's tokenizer (a directory); --piece-chars times a new document tokenized whole (0)
-and in pieces of about that many characters side by side (`typedlm.text.pieces`), the layouts taking turns
-request by request. Prints the median µs of each step and ends with one JSON line.
+--tokenizer times another model's tokenizer (a directory). --ways names how a new document is tokenized, the
+ways taking turns request by request: `words` from its words' remembered ids (`typedlm.text.words`, the default
+where the tokenizer allows), `words-cold` the same with no word remembered (the table emptied before each
+request: a server's first requests, the worst case), `pieces` in pieces of about --piece-chars characters side by
+side (`typedlm.text.pieces`), `whole` in one call of the tokenizer. Prints the median µs of each step and ends
+with one JSON line.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ from typedlm.text.labels import Labeler
 from typedlm.text.pieces import PIECE_CHARS
 from typedlm.text.prompt import ChatLayout
 
+WAYS = ("words", "words-cold", "pieces", "whole")  # how a new document is tokenized (the module's docstring)
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -41,13 +46,15 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=200)
     parser.add_argument("--new-documents", action="store_true", help="a new document per request")
     parser.add_argument("--tokenizer", default=None, help="a tokenizer directory (default: the embedded model's)")
-    parser.add_argument(
-        "--piece-chars", type=int, nargs="+", default=[PIECE_CHARS], help="a long document's pieces (0: whole)"
-    )
+    parser.add_argument("--ways", nargs="+", choices=WAYS, default=list(WAYS))
+    parser.add_argument("--piece-chars", type=int, default=PIECE_CHARS, help="the pieces' length (`pieces`)")
     args = parser.parse_args()
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or embedded_tokenizer_dir())
-    layouts = {chars: ChatLayout(tokenizer, piece_chars=chars) for chars in args.piece_chars}
-    layout = layouts[args.piece_chars[0]]
+    layouts = {
+        way: ChatLayout(tokenizer, piece_chars=args.piece_chars if way != "whole" else 0, words=way.startswith("words"))
+        for way in args.ways
+    }
+    layout = layouts[args.ways[0]]
     labels = Labeler(tokenizer, layout.answer_opening).labels(Kind.NOUL, 2)
     states = [make_state(layout, args.prefix_tokens, v) for v in range(3)]
 
@@ -59,9 +66,11 @@ def main() -> None:
     for q in args.questions:
         questions = list(make_questions(q).values())
         slots: dict[Shape, Slot] = {}
-        times = {chars: {"tokenize": [], "pack": [], "fill": []} for chars in layouts}
+        times = {way: {"tokenize": [], "pack": [], "fill": []} for way in layouts}
         for i in range(args.repeats + 3):  # the first three: warm-up (caches filled, as in a server)
-            for chars, each in layouts.items():  # the layouts take turns on the same documents
+            for way, each in layouts.items():  # the layouts take turns on the same documents
+                if way == "words-cold" and each.words is not None:
+                    each.words.forget()
                 start = time.perf_counter()
                 prompt = each.tokenize(state(i, q), questions)
                 tokenized = time.perf_counter()
@@ -73,17 +82,19 @@ def main() -> None:
                 slot.fill([Document(ids, system, batch.n_rows)], batch, [0])
                 filled = time.perf_counter()
                 if i >= 3:
-                    for name, seconds in zip(times[chars], (tokenized - start, packed - tokenized, filled - packed)):
-                        times[chars][name].append(1e6 * seconds)
-        for chars, steps in times.items():
-            row = {"questions": q, "piece_chars": chars}
+                    for name, seconds in zip(times[way], (tokenized - start, packed - tokenized, filled - packed)):
+                        times[way][name].append(1e6 * seconds)
+        for way, steps in times.items():
+            row = {"questions": q, "way": way}
             row.update({f"{k}_us": round(statistics.median(v), 1) for k, v in steps.items()})
             row["total_us"] = round(sum(row[f"{k}_us"] for k in steps), 1)
             rows.append(row)
             print("  ".join(f"{k} {v}" for k, v in row.items()))
     meta = {"benchmark": "host_work", "repeats": args.repeats, "new_documents": args.new_documents}
     meta.update(tokenizer=args.tokenizer or "embedded", cut_holds=layout.cut_holds(state(args.repeats + 2, q)))
-    meta.update(cpus=os.cpu_count(), splits={chars: each.pieces.splits for chars, each in layouts.items()})
+    meta.update(cpus=os.cpu_count(), piece_chars=args.piece_chars)
+    meta.update(splits={way: each.pieces.splits for way, each in layouts.items()})
+    meta.update(words={way: each.words is not None for way, each in layouts.items()})
     print(json.dumps({**meta, "torch": torch.__version__, "rows": rows}))
 
 

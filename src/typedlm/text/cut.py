@@ -1,7 +1,7 @@
 """Where a document's prompts are cut: the ids before the cut are the document's own, and the text after it (a
 piece of the prefix's close, then a question) is the same for every document, so its ids are remembered.
 
-    cutter = CutTokenizer(tokenizer, pieces, prefix_close, specials)
+    cutter = CutTokenizer(tokenizer, documents, prefix_close, specials)
     cut = cutter.cut(prefix, first_suffix)               # a Cut: the prefix's ids split, and the text after
     ids = cutter.tail_ids([cut.tail + suffix for suffix in suffixes], cut.anchored)
 
@@ -25,6 +25,7 @@ import numpy as np
 
 from typedlm.core.bounded import BoundedCache, ids_bytes, text_bytes
 from typedlm.text.pieces import PieceTokenizer
+from typedlm.text.words import WordTokenizer
 
 TAIL_TOKENS = 48  # the prefix's last tokens, re-tokenized with the first question to check the cut
 TAIL_CACHE_BYTES = 32 << 20  # suffixes whose ids after the cut are remembered (texts and ids)
@@ -76,9 +77,9 @@ class Cut:
 class CutTokenizer:
     """The token ids of a document's prompts, cut after the document (see the module)."""
 
-    def __init__(self, tokenizer, pieces: PieceTokenizer, prefix_close: str, specials: list[str]):
+    def __init__(self, tokenizer, documents: WordTokenizer | PieceTokenizer, prefix_close: str, specials: list[str]):
         self._tokenizer = tokenizer
-        self.pieces = pieces  # a new document's ids: pieces tokenized side by side
+        self.documents = documents  # a new document's ids: from its words, or pieces tokenized side by side
         self.prefix_close = prefix_close  # the prefix after the state: the document close, the question opening
         # (anchored, close piece + suffix) -> ids, remembered across requests, bounded in bytes
         self.tails: BoundedCache[tuple[bool, str], tuple[int, ...]] = BoundedCache("tails", TAIL_CACHE_BYTES)
@@ -88,10 +89,10 @@ class CutTokenizer:
     def encode_batch(self, texts: list[str], anchored: bool = False) -> list[tuple[int, ...]]:
         """The ids of each text; `anchored`: of the text tokenized behind the anchor, the anchor's id taken off."""
         if not anchored:
-            return [tuple(ids) for ids in self._tokenizer(texts, add_special_tokens=False)["input_ids"]]
+            return self.documents.ids_batch(texts)
         anchor, anchor_id = self._anchor
-        encoded = self._tokenizer([anchor + text for text in texts], add_special_tokens=False)["input_ids"]
-        return [tuple(ids[1:]) if ids[:1] == [anchor_id] else (anchor_id, *ids) for ids in encoded]  # else: no match
+        encoded = self.documents.ids_batch([anchor + text for text in texts])
+        return [ids[1:] if ids[:1] == (anchor_id,) else (anchor_id, *ids) for ids in encoded]  # else: no match
 
     def _find_anchor(self, specials: list[str]) -> tuple[str, int] | None:
         """A special token to tokenize text behind: one id, after which the text's ids are its ids in the middle of
@@ -116,8 +117,8 @@ class CutTokenizer:
         behind the anchor (`_find_anchor`); the way that held last is tried first. A tokenizer for which both fail
         gets every prompt tokenized whole.
         """
-        encoded = self.pieces.encode(prefix)
-        alone, spans = encoded.ids, encoded.encodings is not None
+        encoded = self.documents.encode(prefix)
+        alone, spans = encoded.ids, encoded.has_spans
         close, k = len(prefix) - len(self.prefix_close), len(alone) if spans else 0
         while k and encoded.start(k - 1) >= close:
             k -= 1

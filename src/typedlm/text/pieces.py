@@ -40,6 +40,10 @@ class Encoded:
     encodings: list | None  # each piece's `tokenizers.Encoding`
     _spans: dict[int, list[tuple[int, int]]] = field(default_factory=dict)  # a piece's spans, once read
 
+    @property
+    def has_spans(self) -> bool:
+        return self.encodings is not None
+
     def start(self, i: int) -> int:
         """The character of the text where token `i` starts."""
         piece = bisect_right(self.firsts, i) - 1
@@ -68,6 +72,10 @@ class PieceTokenizer:
                 return encoded
             self.seams_failed += 1
         return self._joined(text, [])
+
+    def ids_batch(self, texts: list[str]) -> list[tuple[int, ...]]:
+        """The ids of each (short) text, in one batch call of the tokenizer."""
+        return [tuple(ids) for ids in self._tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
     def joins(self, text: str) -> bool:
         """Whether `text` cut before every word, its pieces tokenized alone and joined, gives its own ids."""
