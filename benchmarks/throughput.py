@@ -1,6 +1,8 @@
 """Throughput with many clients, each sending a new document per request: batching on and off, side by side.
 
-Workloads: a long document (P ≈ 1266 tokens) with Q = 1, 4, 32 yes/no questions, and a short one (P ≈ 200, Q = 4).
+Workloads: a long document (P ≈ 1266 tokens) with Q = 1, 4, 32 yes/no questions, and a short one (P ≈ 200, Q = 4);
+on request, `score300`: P ≈ 300, Q = 10 (the shape of SGLang's scoring benchmark, for the comparison in
+docs/performance.md).
 For each, C = 1, 8, 32, 128 clients send requests back to back (every request a document never seen before; the
 prefix cache is off), through one of four paths:
 
@@ -101,7 +103,10 @@ from typedlm.hosting.threads import on_passing_thread
 from typedlm.hosting.worker import GATHER_GAP_S, HOST_THREADS, PIPELINE_DEPTH
 
 PATHS = ("in_process", "model_process", "http", "http_model_process")
-WORKLOADS = {"long": (1266, (1, 4, 32)), "short": (200, (4,))}  # name → (prefix tokens, question counts)
+# name → (prefix tokens, question counts); `score300`: SGLang's scoring benchmark's shape (300-token prompts, 10 items
+# scored per request), run on request (--workloads score300), not by default
+WORKLOADS = {"long": (1266, (1, 4, 32)), "short": (200, (4,)), "score300": (300, (10,))}
+DEFAULT_WORKLOADS = ("long", "short")
 
 
 def non_embedding_params(model: torch.nn.Module) -> int:
@@ -238,7 +243,7 @@ def main() -> None:
     add_model_arguments(parser)
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32, 128])
     parser.add_argument("--requests", type=int, default=256, help="requests per cell (at least 2 per client)")
-    parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    parser.add_argument("--workloads", nargs="+", default=list(DEFAULT_WORKLOADS), choices=list(WORKLOADS))
     parser.add_argument("--questions", type=int, nargs="+", default=None, help="only these Q of each workload")
     parser.add_argument("--paths", nargs="+", default=list(PATHS), choices=PATHS)
     parser.add_argument("--no-unbatched", action="store_true", help="skip the batching-off rows")

@@ -291,3 +291,78 @@ def test_features_of_forwards_in_flight_are_each_their_own(tokenizer):
         assert torch.allclose(torch.from_numpy(rows[0]), torch.from_numpy(want_rows[0]), atol=1e-4, rtol=1e-4)
         assert max(abs(a - b) for g, w in zip(masses[0], want_masses[0]) for a, b in zip(g, w)) < 1e-5
     assert graphs.stats()["cuda_graphs"]["captures"] == 1  # one shape, replayed five times
+
+
+def test_a_failed_capture_runs_its_shape_eagerly_and_later_captures_still_work(tokenizer, monkeypatch):
+    """A capture that fails (here: a device-wide wait inside it, which CUDA refuses while a stream captures) is
+    logged and counted, its request answered by the eager forward, its shape never captured again; the next
+    shape's capture succeeds on the same device."""
+    graphs, eager = _graphs_and_eager(tokenizer)
+    runner = graphs.engine.forward.runner
+    plain_forward = runner.forward
+
+    def failing(slot):
+        if torch.cuda.is_current_stream_capturing():
+            torch.cuda.synchronize()
+        return plain_forward(slot)
+
+    monkeypatch.setattr(runner, "forward", failing)
+    for _ in range(2):  # the second request of the same shape runs eagerly, with no capture tried
+        got, want = graphs.decide("word " * 300, QUESTIONS).answers, eager.decide("word " * 300, QUESTIONS).answers
+        assert abs(want["n"].p_yes - got["n"].p_yes) < 1e-5
+    assert graphs.stats()["cuda_graphs"] == {"captures": 0, "held": 1, "capture_failures": 1}
+    monkeypatch.setattr(runner, "forward", plain_forward)
+    got, want = graphs.decide("word " * 900, QUESTIONS).answers, eager.decide("word " * 900, QUESTIONS).answers
+    assert abs(want["n"].p_yes - got["n"].p_yes) < 1e-5
+    assert graphs.stats()["cuda_graphs"] == {"captures": 1, "held": 2, "capture_failures": 1}
+
+
+COLD_START = """
+import torch
+from typedlm.core.options import EngineOptions
+from typedlm.core.questions import NoulQuestion
+from typedlm.decide.decider import Decider
+from typedlm.runtime.models import LoadedModel
+from transformers import AutoTokenizer
+from tests.conftest import tiny_model
+
+tokenizer = AutoTokenizer.from_pretrained({tokenizer!r})
+questions = {{"n": NoulQuestion("Is it about billing?"), "m": NoulQuestion("Is the customer angry?")}}
+for family in ("qwen3", "llama"):
+    for dtype in (torch.float32, torch.bfloat16):
+        model = tiny_model(family, len(tokenizer)).cuda().to(dtype)
+        graphs = Decider(LoadedModel(model, tokenizer, "tiny"), prefix_cache_bytes=0, calibration="raw")
+        eager = Decider(
+            LoadedModel(model, tokenizer, "tiny"), prefix_cache_bytes=0, calibration="raw",
+            engine=EngineOptions(cuda_graphs=False),
+        )
+        for state in ("short", "word " * 300, "a longer ticket about a refund " * 40):
+            got, want = graphs.decide(state, questions).answers, eager.decide(state, questions).answers
+            assert abs(got["n"].p_yes - want["n"].p_yes) < 2e-2, (family, dtype, state[:10])
+        stats = graphs.stats()["cuda_graphs"]
+        assert stats["captures"] >= 3 and stats["capture_failures"] == 0, stats
+print("cold start: every capture held")
+"""
+
+
+def test_captures_hold_in_a_fresh_process_with_every_kernel_cache_empty(tokenizer, tmp_path):
+    """A new machine's first captures: a fresh process whose Triton and CUDA kernel caches are empty (every kernel
+    compiled and loaded for the first time, in the warm-up before each capture) captures every shape, in float32
+    and bfloat16, on two families, and answers as the eager forward does."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tokenizer.save_pretrained(tmp_path / "tokenizer")
+    env = {
+        **os.environ,
+        "TRITON_CACHE_DIR": str(tmp_path / "triton"),
+        "CUDA_CACHE_PATH": str(tmp_path / "cuda"),
+        "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")]),
+    }
+    script = COLD_START.format(tokenizer=str(tmp_path / "tokenizer"))
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "every capture held" in done.stdout
+    assert any((tmp_path / "triton").iterdir()), "Triton's kernels were compiled into the empty cache"

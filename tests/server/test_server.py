@@ -181,17 +181,20 @@ def test_metrics_count_requests_latency_tokens_and_questions(caplog):
 
 
 def test_cuda_graph_counters_reach_health_and_metrics():
-    """A decider on a GPU reports its graphs' captures (a counter) and how many it holds (a gauge)."""
+    """A decider on a GPU reports its graphs' captures and failed captures (counters) and how many it holds (a
+    gauge)."""
+    graphs = {"captures": 7, "held": 5, "capture_failures": 1}
 
     class OnGpu(FakeDecider):
         def stats(self):
-            return {**super().stats(), "cuda_graphs": {"captures": 7, "held": 5}}
+            return {**super().stats(), "cuda_graphs": graphs}
 
     with ServerThread(create_app(OnGpu(), ServerSettings())) as url:
         health = httpx.get(url + "/health").json()
         samples = scrape(url)
-    assert health["cuda_graphs"] == {"captures": 7, "held": 5}
+    assert health["cuda_graphs"] == graphs
     assert samples[("typedlm_cuda_graphs_captures_total", ())] == 7 and samples[("typedlm_cuda_graphs_held", ())] == 5
+    assert samples[("typedlm_cuda_graphs_capture_failures_total", ())] == 1
 
 
 def test_the_model_threads_waits_reach_health_and_metrics(fake_server_url):

@@ -27,6 +27,7 @@ answers equal the dynamic path's up to floating-point summation order.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -42,6 +43,8 @@ from typedlm.runtime.hf import Layers
 from typedlm.runtime.packing import PackedBatch
 from typedlm.runtime.patching import CAPTURED
 from typedlm.runtime.static_inputs import Document, Shape, Slot
+
+logger = logging.getLogger(__name__)
 
 MAX_GRAPHS = 64  # captured shapes kept (least recently used dropped)
 KV_GRANULE = 256  # the key/value buffer grows in steps of this many tokens
@@ -107,6 +110,8 @@ class StaticRunner:
         self.stacked: list = []  # (prefix, its keys/values stacked [L, 2, P, Hkv, D]) of bases copied lately
         self.pool = torch.cuda.graph_pool_handle() if capture else None
         self.captures = 0  # graphs captured since start (a shape not held, or held before the buffer grew)
+        self.capture_failures = 0  # captures that failed since start (their shapes run eagerly)
+        self.capture_stream: torch.cuda.Stream | None = None  # the warm-ups' and captures' stream, made at the first
         self.bit_shifts = torch.arange(8, dtype=torch.uint8, device=self.device)  # unpacks own_mask's bytes
 
     def _ensure_capacity(self, tokens: int) -> None:
@@ -200,8 +205,16 @@ class StaticRunner:
             torch.cuda.synchronize(self.device)
 
     def _capture(self, slot: Slot) -> None:
+        """Capture `slot`'s forward as a CUDA graph; where the capture fails, the shape runs eagerly from then on
+        (logged, counted in `stats`): a slower forward, never a failed request.
+
+        The warm-up and the capture run on one stream of the runner's own: what a library sets up lazily per
+        stream on its first call (cuBLAS's workspace, which PyTorch keeps per handle and stream; a kernel's
+        module) is set up by the warm-up, outside the capture, on the stream the capture then records."""
         setattr(self.body, CAPTURED, True)  # `kernels.fuse` must no longer move this model's weights
-        side = torch.cuda.Stream()
+        if self.capture_stream is None:
+            self.capture_stream = torch.cuda.Stream(self.device)
+        side = self.capture_stream
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             self.forward(slot)  # warm-up: lazy initialisation happens outside the capture
@@ -210,16 +223,24 @@ class StaticRunner:
             # once no graph uses a pool (all dropped: a grown buffer, evictions), PyTorch frees it and an internal
             # assert refuses captures into its old handle: take a fresh one
             self.pool = torch.cuda.graph_pool_handle()
-        slot.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(slot.graph, pool=self.pool):
-            slot.out = self.forward(slot)
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph, pool=self.pool, stream=side):
+                out = self.forward(slot)
+        except RuntimeError as exc:  # the capture failed: the forward is run eagerly for this shape
+            self.capture_failures += 1
+            slot.eager = True
+            logger.warning("capturing a CUDA graph failed for %s; that shape runs eagerly: %s", slot.shape, exc)
+            torch.cuda.synchronize(self.device)
+            return
+        slot.graph, slot.out = graph, out
         self.captures += 1
 
     def stats(self) -> dict[str, int]:
         """Graphs captured since start, and held now: a capture holds up the forwards behind it (a latency tail
-        where new batch shapes keep coming)."""
+        where new batch shapes keep coming); captures that failed (their shapes run eagerly)."""
         # each slot's graph is captured as the slot is made; `len` only, as another thread may be adding one
-        return {"captures": self.captures, "held": len(self.slots)}
+        return {"captures": self.captures, "held": len(self.slots), "capture_failures": self.capture_failures}
 
     @torch.inference_mode()
     def run(
@@ -274,11 +295,11 @@ class StaticRunner:
                 self._copy_base(document.base, start)
         slot = self._slot(shape)
         slot.fill(documents, batch, starts)
-        if not self.capture:
+        if self.capture and slot.graph is None and not slot.eager:
+            self._capture(slot)
+        if slot.graph is None:
             steps, hidden = self.forward(slot)
         else:
-            if slot.graph is None:
-                self._capture(slot)
             slot.graph.replay()
             steps, hidden = slot.out
         host_features = None

@@ -17,7 +17,9 @@ Exposed at /metrics (prometheus_client's text format, one registry per app):
     typedlm_process_{resident,peak_resident}_bytes  the model's process's memory (with --model-process, read live)
     process_*                                   this HTTP process's memory, CPU and file descriptors
     typedlm_cuda_graphs_captures_total          CUDA graphs captured (on a GPU; a capture holds up the forwards
-                                                behind it); typedlm_cuda_graphs_held: graphs held now
+                                                behind it); typedlm_cuda_graphs_held: graphs held now;
+                                                typedlm_cuda_graphs_capture_failures_total: captures that failed
+                                                (their shapes then run eagerly: slower, still answered)
     typedlm_model_thread_waited_for_slot_seconds_total      the model thread's time waiting for a forward in flight
                                                 to end (the device sets the pace: more forwards than it can run)
     typedlm_model_thread_waited_for_requests_seconds_total  ... waiting for a request with a slot free (the clients,
@@ -46,7 +48,7 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # requests per forward
 # counters; the rest are sizes
 CUMULATIVE = (
-    "hits", "partial_hits", "misses", "reused_tokens", "captures", "waited_for_slot_seconds",
+    "hits", "partial_hits", "misses", "reused_tokens", "captures", "capture_failures", "waited_for_slot_seconds",
     "waited_for_requests_seconds", "evictions",
 )  # fmt: skip
 ROUTES = (
