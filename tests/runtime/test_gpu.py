@@ -295,8 +295,8 @@ def test_features_of_forwards_in_flight_are_each_their_own(tokenizer):
 
 def test_a_failed_capture_runs_its_shape_eagerly_and_later_captures_still_work(tokenizer, monkeypatch):
     """A capture that fails (here: a device-wide wait inside it, which CUDA refuses while a stream captures) is
-    logged and counted, its request answered by the eager forward, its shape never captured again; the next
-    shape's capture succeeds on the same device."""
+    logged and counted, its request answered by the eager forward, its shape never captured again, also once a
+    grown buffer has dropped every slot; the next shape's capture succeeds on the same device."""
     graphs, eager = _graphs_and_eager(tokenizer)
     runner = graphs.engine.forward.runner
     plain_forward = runner.forward
@@ -306,14 +306,18 @@ def test_a_failed_capture_runs_its_shape_eagerly_and_later_captures_still_work(t
             torch.cuda.synchronize()
         return plain_forward(slot)
 
+    def same_answers(document: str) -> None:
+        got, want = graphs.decide(document, QUESTIONS).answers, eager.decide(document, QUESTIONS).answers
+        assert abs(want["n"].p_yes - got["n"].p_yes) < 1e-5
+
     monkeypatch.setattr(runner, "forward", failing)
     for _ in range(2):  # the second request of the same shape runs eagerly, with no capture tried
-        got, want = graphs.decide("word " * 300, QUESTIONS).answers, eager.decide("word " * 300, QUESTIONS).answers
-        assert abs(want["n"].p_yes - got["n"].p_yes) < 1e-5
+        same_answers("word " * 300)
     assert graphs.stats()["cuda_graphs"] == {"captures": 0, "held": 1, "capture_failures": 1}
     monkeypatch.setattr(runner, "forward", plain_forward)
-    got, want = graphs.decide("word " * 900, QUESTIONS).answers, eager.decide("word " * 900, QUESTIONS).answers
-    assert abs(want["n"].p_yes - got["n"].p_yes) < 1e-5
+    same_answers("word " * 900)  # a longer document: the buffer grows, dropping every slot held, then a capture
+    assert graphs.stats()["cuda_graphs"] == {"captures": 1, "held": 1, "capture_failures": 1}
+    same_answers("word " * 300)  # the failed shape again: eager, not captured again
     assert graphs.stats()["cuda_graphs"] == {"captures": 1, "held": 2, "capture_failures": 1}
 
 

@@ -111,6 +111,9 @@ class StaticRunner:
         self.pool = torch.cuda.graph_pool_handle() if capture else None
         self.captures = 0  # graphs captured since start (a shape not held, or held before the buffer grew)
         self.capture_failures = 0  # captures that failed since start (their shapes run eagerly)
+        # shapes whose capture failed: run eagerly until the process ends, also once their slots are dropped (a
+        # grown buffer, evictions), so a capture that fails is never tried again
+        self.eager_shapes: set[Shape] = set()
         self.capture_stream: torch.cuda.Stream | None = None  # the warm-ups' and captures' stream, made at the first
         self.bit_shifts = torch.arange(8, dtype=torch.uint8, device=self.device)  # unpacks own_mask's bytes
 
@@ -229,7 +232,7 @@ class StaticRunner:
                 out = self.forward(slot)
         except RuntimeError as exc:  # the capture failed: the forward is run eagerly for this shape
             self.capture_failures += 1
-            slot.eager = True
+            self.eager_shapes.add(slot.shape)
             logger.warning("capturing a CUDA graph failed for %s; that shape runs eagerly: %s", slot.shape, exc)
             torch.cuda.synchronize(self.device)
             return
@@ -295,7 +298,7 @@ class StaticRunner:
                 self._copy_base(document.base, start)
         slot = self._slot(shape)
         slot.fill(documents, batch, starts)
-        if self.capture and slot.graph is None and not slot.eager:
+        if self.capture and slot.graph is None and shape not in self.eager_shapes:
             self._capture(slot)
         if slot.graph is None:
             steps, hidden = self.forward(slot)

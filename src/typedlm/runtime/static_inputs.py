@@ -143,7 +143,6 @@ class Slot:
         self.host = self.host_tensor.numpy()
         self.arena = torch.zeros(offset, dtype=torch.int64, device=device)
         self.graph: torch.cuda.CUDAGraph | None = None
-        self.eager = False  # its capture failed: it runs eagerly
         self.out: tuple[torch.Tensor, torch.Tensor] | None = None  # a captured graph's (steps, read rows' hidden)
         self.layout_key = ("static inputs", dataclasses.replace(shape, doc_rows=0))  # what `fill` keeps per layout
 
