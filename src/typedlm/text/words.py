@@ -1,4 +1,4 @@
-"""A byte-level BPE tokenizer's ids of a plain-ASCII text, from its words' ids remembered across texts.
+"""A byte-level BPE tokenizer's ids of a text, from its words' ids remembered across texts.
 
 A fast tokenizer spends most of a new document's time splitting the text into words (its regular expression) and
 building spans, not merging bytes: words repeat, and it remembers each word's merges. Here the text is split by
@@ -10,10 +10,15 @@ still comes from the tokenizer itself. One call per document, about three times 
 - only tokenizers whose pipeline is exactly "special tokens, then the regular expression, then byte-level BPE"
   (GPT-2's, SmolLM's, Qwen's, Llama-3's shape: no normalizer but Unicode's forms, which leave ASCII as it is; no
   dropout, no byte fallback, special tokens matched as written) are taken (`WordTokenizer.of`);
-- only ASCII texts: a regular expression's character classes (`\\p{L}`, `\\p{N}`, `\\s`) are the same in any two
-  engines on ASCII, not on every Unicode version's letters;
+- only texts of admitted characters: ASCII, on which a regular expression's character classes (`\\p{L}`,
+  `\\p{N}`, `\\s`) are the same in any two engines, and those of `EXTRA_CANDIDATES` (Latin-1's letters and signs,
+  typographic quotes and dashes, the euro) that the tokenizer's normalizer leaves as they are and that pass a
+  probe of their own; not every Unicode version's letters;
 - once per tokenizer, a probe of every ASCII character next to every kind of neighbour, and random ASCII texts,
-  must give the tokenizer's own ids and spans, else the tokenizer is not taken.
+  must give the tokenizer's own ids and spans, else the tokenizer is not taken; each extra character is admitted
+  only where its own probe (next to every kind of neighbour) holds, and all of them only where random texts mixing
+  them with ASCII hold too;
+- a text whose tokens start inside a character (a character's bytes split between tokens) is not taken.
 
 Any other text goes to `fallback` (pieces side by side, `typedlm.text.pieces`).
 """
@@ -22,7 +27,9 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import string
+import unicodedata
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,6 +43,12 @@ MAX_WORDS = 1 << 15  # words remembered (then forgotten all at once): a few MB
 MAX_WORD_CHARS = 48  # a longer word is merged each time, not remembered
 ASCII_INVARIANT = {"NFC", "NFD", "NFKC", "NFKD"}  # normalizers that leave ASCII text as it is
 PROBE_TEXTS = 64  # random ASCII texts in the probe
+# characters beyond ASCII that documents carry often (a pound or euro sign, an accented name, a typographic quote
+# or dash), each admitted where the tokenizer's normalizer leaves it as it is and its probe holds
+EXTRA_CANDIDATES = (
+    "".join(chr(c) for c in range(0xA0, 0x100)) + "\u2013\u2014\u2018\u2019\u201c\u201d\u2022\u2026\u20ac"
+)
+EXTRA_NEIGHBOURS = ["a", "Z", "7", " ", "  ", "\n", ".", "'"]  # an extra character's neighbours in its probe
 
 
 @dataclass
@@ -52,8 +65,8 @@ class WordEncoded:
 
 
 class WordTokenizer:
-    """A text's ids: an ASCII one from its words (see the module's docstring), any other from `fallback`.
-    Safe to call from several threads (the table of words is only read and added to)."""
+    """A text's ids: one of admitted characters from its words (see the module's docstring), any other from
+    `fallback`. Safe to call from several threads (the table of words is only read and added to)."""
 
     def __init__(self, tokenizer, fallback: PieceTokenizer, split: str, specials: dict[str, int]):
         self._tokenizer = tokenizer
@@ -66,7 +79,8 @@ class WordTokenizer:
             if specials
             else None
         )
-        self._ascii_to_byte_chars = str.maketrans(_ascii_byte_chars())
+        self._to_byte_chars = str.maketrans(_byte_chars())  # from a word's bytes read as Latin-1
+        self._admit("")
         self._words: dict[str, tuple[int, ...]] = {}
         vocab = tokenizer.backend_tokenizer.get_vocab(with_added_tokens=True)
         self.lengths = np.zeros(max(vocab.values()) + 1, dtype=np.int64)  # a byte-level token: a character a byte
@@ -91,17 +105,46 @@ class WordTokenizer:
             specials[added.content] = i
         words = cls(tokenizer, fallback, split, specials)
         with_specials = "\n".join(f"x{special} {special}y" for special in specials if special.isascii())
-        return words if words.holds([*probe_texts(), with_specials]) else None
+        if not words.holds([*probe_texts(), with_specials]):
+            return None
+        form = json.loads(backend.normalizer.__getstate__()).get("type") if backend.normalizer is not None else None
+        admitted = []
+        for char in EXTRA_CANDIDATES:
+            if unicodedata.combining(char) or (form is not None and not unicodedata.is_normalized(form, char)):
+                continue
+            words._admit(char)
+            if words.holds([extra_probe_text(char)], from_words=True):
+                admitted.append(char)
+        words._admit("".join(admitted))
+        if not words.holds(mixed_probe_texts(admitted)):
+            words._admit("")
+        return words
+
+    @property
+    def extra_chars(self) -> str:
+        """The characters beyond ASCII a text may hold and still be tokenized from its words."""
+        return self._extra
+
+    def _admit(self, extra: str) -> None:
+        self._extra = extra
+        self._outside = re.compile("[^\\x00-\\x7f" + "".join(re.escape(c) for c in extra) + "]")
+
+    def admits(self, text: str) -> bool:
+        """Whether `text` holds admitted characters alone (its ids can come from its words)."""
+        return text.isascii() or self._outside.search(text) is None
 
     def forget(self) -> None:
         """Forget every word's ids (as a new server starts)."""
         self._words.clear()
 
-    def holds(self, texts: list[str]) -> bool:
-        """Whether every text's ids and spans are the tokenizer's own."""
+    def holds(self, texts: list[str], *, from_words: bool = False) -> bool:
+        """Whether every text's ids and spans are the tokenizer's own; `from_words`: and each is read from its words
+        (not sent to `fallback`)."""
         for text in texts:
             encoded = self._tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-            got = self._encode_ascii(text) if text.isascii() else None
+            got = self._encode_words(text) if self.admits(text) else None
+            if got is None and from_words:
+                return False
             got = got or self.fallback.encode(text)
             if got.ids != tuple(encoded["input_ids"]):
                 return False
@@ -110,22 +153,24 @@ class WordTokenizer:
         return True
 
     def encode(self, text: str) -> Encoded | WordEncoded:
-        encoded = self._encode_ascii(text) if text.isascii() else None
+        encoded = self._encode_words(text) if self.admits(text) else None
         if encoded is None:
             return self.fallback.encode(text)
         self.words_texts += 1
         return encoded
 
     def ids_batch(self, texts: list[str]) -> list[tuple[int, ...]]:
-        """The ids of each (short) text: an ASCII one from its words, the others in one call of `fallback`."""
-        got = [self._encode_ascii(text) if text.isascii() else None for text in texts]
+        """The ids of each (short) text: one of admitted characters from its words, the others in one call of
+        `fallback`."""
+        got = [self._encode_words(text) if self.admits(text) else None for text in texts]
         rest = [text for text, encoded in zip(texts, got) if encoded is None]
         others = iter(self.fallback.ids_batch(rest) if rest else [])
         return [encoded.ids if encoded is not None else next(others) for encoded in got]
 
-    def _encode_ascii(self, text: str) -> WordEncoded | None:
+    def _encode_words(self, text: str) -> WordEncoded | None:
         """The text's ids from its words; None where the tokens do not spell the text byte for byte (a byte the
-        vocabulary lacks is dropped by BPE without a fallback, and its spans would move)."""
+        vocabulary lacks is dropped by BPE without a fallback, and its spans would move) or a token starts inside
+        a character."""
         parts = self._special_split.split(text) if self._special_split is not None else [text]
         ids: list[int] = []
         for j, part in enumerate(parts):
@@ -133,10 +178,18 @@ class WordTokenizer:
                 ids.append(self._specials[part])
             elif part:
                 ids += self._word_ids(part)
-        ends = np.cumsum(self.lengths[np.asarray(ids, dtype=np.int64)])
-        if len(ends) and ends[-1] != len(text):
+        ends = np.cumsum(self.lengths[np.asarray(ids, dtype=np.int64)])  # in bytes
+        starts = np.concatenate(([0], ends[:-1])).astype(np.int64)
+        if text.isascii():  # a byte a character
+            return WordEncoded(tuple(ids), starts) if not len(ends) or ends[-1] == len(text) else None
+        utf8 = np.frombuffer(text.encode(), dtype=np.uint8)
+        if not len(ends) or ends[-1] != len(utf8):
             return None
-        return WordEncoded(tuple(ids), np.concatenate(([0], ends[:-1])))
+        opens = (utf8 & 0xC0) != 0x80  # the first byte of a character
+        if not opens[starts].all():
+            return None
+        char_of_byte = np.cumsum(opens) - 1
+        return WordEncoded(tuple(ids), char_of_byte[starts])
 
     def _word_ids(self, text: str) -> list[int]:
         words = self._split.findall(text)
@@ -148,7 +201,8 @@ class WordTokenizer:
         return [i for word_ids in known for i in word_ids]
 
     def _merge(self, word: str) -> tuple[int, ...]:
-        ids = tuple(token.id for token in self._model.tokenize(word.translate(self._ascii_to_byte_chars)))
+        byte_chars = word.encode().decode("latin-1").translate(self._to_byte_chars)
+        ids = tuple(token.id for token in self._model.tokenize(byte_chars))
         if len(word) <= MAX_WORD_CHARS:
             if len(self._words) >= MAX_WORDS:
                 self._words.clear()
@@ -182,10 +236,14 @@ def _split_of(backend) -> str | None:
     return pattern
 
 
-def _ascii_byte_chars() -> dict[str, str]:
-    """The character byte-level BPE writes for each ASCII byte (GPT-2's table: a printable byte as itself, the
-    others moved past 255 in order: bytes 0-32 to 256-288, 127 to 289)."""
-    return {chr(b): chr(b) if 33 <= b <= 126 else chr(256 + b if b < 33 else 289) for b in range(128)}
+def _byte_chars() -> dict[str, str]:
+    """The character byte-level BPE writes for each byte, keyed by the byte read as Latin-1 (GPT-2's table: a
+    printable byte, 33-126, 161-172 and 174-255, as itself; the others moved past 255 in order)."""
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    moved = [b for b in range(256) if b not in printable]
+    table = {chr(b): chr(b) for b in printable}
+    table.update({chr(b): chr(256 + n) for n, b in enumerate(moved)})
+    return table
 
 
 def probe_texts(seed: int = 0) -> list[str]:
@@ -201,5 +259,28 @@ def probe_texts(seed: int = 0) -> list[str]:
     for _ in range(PROBE_TEXTS):
         parts = [rng.choice(words) if rng.random() < 0.5 else rng.choice(alphabet) * rng.randint(1, 3)]
         parts += [rng.choice(words) if rng.random() < 0.5 else rng.choice(alphabet) for _ in range(rng.randint(0, 200))]
+        texts.append("".join(parts))
+    return texts
+
+
+def extra_probe_text(char: str) -> str:
+    """`char` next to every kind of neighbour (letters, digits, spaces, a line break, punctuation, an apostrophe),
+    alone and doubled; nothing else beyond ASCII, so the text is read from its words once `char` is admitted."""
+    pairs = [(left, right) for left in EXTRA_NEIGHBOURS for right in EXTRA_NEIGHBOURS]
+    return "|".join(f"{left}{char}{right}{char}{char}{right}" for left, right in pairs)
+
+
+def mixed_probe_texts(extra: list[str], seed: int = 0) -> list[str]:
+    """Random texts of ASCII words and signs mixed with the `extra` characters and words written with them (fixed
+    seed); every character ASCII or in `extra`, so each text is read from its words."""
+    if not extra:
+        return []
+    rng = random.Random(seed)
+    alphabet = string.ascii_letters + string.digits + string.punctuation + " " * 12 + "\n" * 3 + "".join(extra) * 2
+    words = ["the", "café", "Zoë", "£5", "it’s", "€10", "—", "“quoted”", "naïve", "1042", "'s", "São Paulo"]
+    words = [word for word in words if all(c.isascii() or c in extra for c in word)]
+    texts = []
+    for _ in range(PROBE_TEXTS):
+        parts = [rng.choice(words) if rng.random() < 0.5 else rng.choice(alphabet) for _ in range(rng.randint(1, 200))]
         texts.append("".join(parts))
     return texts
