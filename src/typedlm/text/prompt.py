@@ -19,9 +19,10 @@ a token boundary inside the prefix's close (`ChatLayout.prefix_close`: the docum
 `typedlm.text.cut`): the ids before it are the document's own, and the text after it (a piece of the close, then the
 question) is the same for every document, so its ids are remembered per question. The cut is checked once per
 document, on the document's last tokens with the first question; documents are remembered (by their exact text)
-with their ids and checked cut, so a repeated document is not tokenized again. A new ASCII document is tokenized
-from its words' remembered ids where the tokenizer is byte-level BPE (`typedlm.text.words`), else a long one in
-pieces side by side (`typedlm.text.pieces`), each seam checked the same way.
+with their ids and checked cut, so a repeated document is not tokenized again. A new document of admitted
+characters (ASCII and the common ones beyond it that pass the tokenizer's probe) is tokenized from its words'
+remembered ids where the tokenizer is byte-level BPE (`typedlm.text.words`), else a long one in pieces side by
+side (`typedlm.text.pieces`), each seam checked the same way.
 """
 
 from __future__ import annotations
@@ -179,7 +180,8 @@ class ChatLayout:
     def __init__(self, tokenizer, version: str = PROMPT_VERSION, piece_chars: int = PIECE_CHARS, words: bool = True):
         self._tokenizer = tokenizer
         self.pieces = PieceTokenizer(tokenizer, piece_chars)  # a new document's ids: pieces tokenized side by side
-        # ... or, an ASCII one, from its words (None: the tokenizer is not byte-level BPE, or `words` is off)
+        # ... or, one of admitted characters, from its words (None: the tokenizer is not byte-level BPE, or `words`
+        # is off)
         self.words = WordTokenizer.of(tokenizer, self.pieces) if words else None
         self.version = version  # the prompt version (see `WORDINGS`)
         messages = [
