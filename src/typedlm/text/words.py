@@ -4,8 +4,9 @@ A fast tokenizer spends most of a new document's time splitting the text into wo
 building spans, not merging bytes: words repeat, and it remembers each word's merges. Here the text is split by
 the same regular expression (the `regex` module, from Python) and each word's ids are looked up in a table of
 words seen before; a word not seen yet is merged by the tokenizer's own BPE model (`tokenizers`), so every id
-still comes from the tokenizer itself. One call per document, about three times faster than the tokenizer's own
-(docs/performance.md), where nothing but the split could differ:
+still comes from the tokenizer itself. One call per document, two to three times faster than the tokenizer's own
+(2.4× on news articles whose words are partly new, 3.3× on a thread whose words are all known: docs/performance.md),
+where nothing but the split could differ:
 
 - only tokenizers whose pipeline is exactly "special tokens, then the regular expression, then byte-level BPE"
   (GPT-2's, SmolLM's, Qwen's, Llama-3's shape: no normalizer but Unicode's forms, which leave ASCII as it is; no
