@@ -55,9 +55,7 @@ def plot(report: dict, path: Path, title: str, alpha: float) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    SimulationInputs.add_arguments(parser)
-    parser.add_argument("--seeds", type=int, default=SEEDS, help=f"orders of the stream (default {SEEDS})")
-    parser.add_argument("--ks", type=int, nargs="+", default=list(KS))
+    SimulationInputs.add_arguments(parser, seeds=SEEDS, ks=KS)
     parser.add_argument("--alpha", type=float, default=ALPHA, help=f"miss rate of the sets (default {ALPHA})")
     parser.add_argument("--target", type=float, default=TARGET_ACCURACY, help="selective answers' accuracy")
     parser.add_argument("--drift", nargs=2, default=["rotten_tomatoes", "boolq"], metavar=("FIRST", "THEN"),

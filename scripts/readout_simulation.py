@@ -37,9 +37,7 @@ def plot(report: dict, path: Path, title: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    SimulationInputs.add_arguments(parser)
-    parser.add_argument("--seeds", type=int, default=SEEDS, help=f"orders of the stream averaged (default {SEEDS})")
-    parser.add_argument("--ks", type=int, nargs="+", default=list(KS))
+    SimulationInputs.add_arguments(parser, seeds=SEEDS, ks=KS)
     args = parser.parse_args()
     inputs = SimulationInputs.load(args.model, args.readouts, args.examples)
     report = simulate(inputs.readouts, inputs.questions, inputs.variants, inputs.prompt_version, args.ks, args.seeds)

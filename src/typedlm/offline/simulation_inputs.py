@@ -52,12 +52,15 @@ class SimulationInputs:
     questions: dict[str, dict[tuple[str, str], Question]]  # set -> (example id, question id) -> question
 
     @staticmethod
-    def add_arguments(parser: argparse.ArgumentParser) -> None:
-        """A simulation script's inputs and output: --model, --readouts, --examples, --out."""
+    def add_arguments(parser: argparse.ArgumentParser, *, seeds: int, ks: tuple[int, ...]) -> None:
+        """A simulation script's inputs, output and stream: --model, --readouts, --examples, --out, and --seeds and
+        --ks with the simulation's own defaults."""
         parser.add_argument("--model", required=True, help="the named model whose shipped calibration is the default")
         parser.add_argument("--readouts", required=True, type=Path)
         parser.add_argument("--examples", required=True, type=Path)
         parser.add_argument("--out", required=True, type=Path)
+        parser.add_argument("--seeds", type=int, default=seeds, help=f"orders of the stream (default {seeds})")
+        parser.add_argument("--ks", type=int, nargs="+", default=list(ks), help="labels posted (default %(default)s)")
 
     @classmethod
     def load(cls, model: str, readouts: Path, examples: Path) -> SimulationInputs:
