@@ -87,6 +87,9 @@ def main() -> None:
     per_q = args.repeats + 3
     news = news_documents(layout, args.prefix_tokens, per_q * len(args.questions)) if args.texts == "news" else []
 
+    def read_from_words(each: ChatLayout) -> int:
+        return each.words.words_texts if each.words is not None else 0
+
     def state(i: int, q: int) -> str:
         if news:
             return news[args.questions.index(q) * per_q + i % per_q]
@@ -99,15 +102,15 @@ def main() -> None:
         slots: dict[Shape, Slot] = {}
         times = {way: {"tokenize": [], "pack": [], "fill": []} for way in layouts}
         from_words = {way: 0 for way in layouts}  # documents read from their words, of the measured ones
-        for i in range(args.repeats + 3):  # the first three: warm-up (caches filled, as in a server)
+        for i in range(per_q):  # the first three: warm-up (caches filled, as in a server)
             for way, each in layouts.items():  # the layouts take turns on the same documents
                 if way == "words-cold" and each.words is not None:
                     each.words.forget()
-                read_from_words = each.words.words_texts if each.words is not None else 0
+                words_before = read_from_words(each)
                 start = time.perf_counter()
                 prompt = each.tokenize(state(i, q), questions)
                 tokenized = time.perf_counter()
-                read_from_words = (each.words.words_texts if each.words is not None else 0) > read_from_words
+                from_words_now = read_from_words(each) > words_before
                 batch = pack(len(prompt.prefix_ids), [PackedItem(ids, labels) for ids in prompt.suffix_ids])
                 packed = time.perf_counter()
                 ids = prompt.prefix_ids[system:]
@@ -116,7 +119,7 @@ def main() -> None:
                 slot.fill([Document(ids, system, batch.n_rows)], batch, [0])
                 filled = time.perf_counter()
                 if i >= 3:
-                    from_words[way] += read_from_words
+                    from_words[way] += from_words_now
                     for name, seconds in zip(times[way], (tokenized - start, packed - tokenized, filled - packed)):
                         times[way][name].append(1e6 * seconds)
         for way, steps in times.items():

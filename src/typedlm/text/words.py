@@ -54,8 +54,8 @@ EXTRA_NEIGHBOURS = ["a", "Z", "7", " ", "  ", "\n", ".", "'"]  # an extra charac
 
 @dataclass
 class WordEncoded:
-    """A text's ids and where each token starts (an ASCII text: bytes are characters, so a token starts where
-    the bytes of the tokens before it end)."""
+    """A text's ids and the character where each token starts (where the bytes of the tokens before it end, read
+    as characters)."""
 
     ids: tuple[int, ...]
     starts: np.ndarray
@@ -108,7 +108,7 @@ class WordTokenizer:
         with_specials = "\n".join(f"x{special} {special}y" for special in specials if special.isascii())
         if not words.holds([*probe_texts(), with_specials]):
             return None
-        form = json.loads(backend.normalizer.__getstate__()).get("type") if backend.normalizer is not None else None
+        form = _normal_form(backend)
         admitted = []
         for char in EXTRA_CANDIDATES:
             if unicodedata.combining(char) or (form is not None and not unicodedata.is_normalized(form, char)):
@@ -143,7 +143,7 @@ class WordTokenizer:
         (not sent to `fallback`)."""
         for text in texts:
             encoded = self._tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-            got = self._encode_words(text) if self.admits(text) else None
+            got = self._encode_words(text)
             if got is None and from_words:
                 return False
             got = got or self.fallback.encode(text)
@@ -154,7 +154,7 @@ class WordTokenizer:
         return True
 
     def encode(self, text: str) -> Encoded | WordEncoded:
-        encoded = self._encode_words(text) if self.admits(text) else None
+        encoded = self._encode_words(text)
         if encoded is None:
             return self.fallback.encode(text)
         self.words_texts += 1
@@ -163,15 +163,17 @@ class WordTokenizer:
     def ids_batch(self, texts: list[str]) -> list[tuple[int, ...]]:
         """The ids of each (short) text: one of admitted characters from its words, the others in one call of
         `fallback`."""
-        got = [self._encode_words(text) if self.admits(text) else None for text in texts]
+        got = [self._encode_words(text) for text in texts]
         rest = [text for text, encoded in zip(texts, got) if encoded is None]
         others = iter(self.fallback.ids_batch(rest) if rest else [])
         return [encoded.ids if encoded is not None else next(others) for encoded in got]
 
     def _encode_words(self, text: str) -> WordEncoded | None:
-        """The text's ids from its words; None where the tokens do not spell the text byte for byte (a byte the
-        vocabulary lacks is dropped by BPE without a fallback, and its spans would move) or a token starts inside
-        a character."""
+        """The text's ids from its words; None where it holds a character not admitted, where the tokens do not
+        spell the text byte for byte (a byte the vocabulary lacks is dropped by BPE without a fallback, and its
+        spans would move) or where a token starts inside a character."""
+        if not self.admits(text):
+            return None
         parts = self._special_split.split(text) if self._special_split is not None else [text]
         ids: list[int] = []
         for j, part in enumerate(parts):
@@ -219,8 +221,7 @@ def _split_of(backend) -> str | None:
         return None
     if model.continuing_subword_prefix or model.end_of_word_suffix:
         return None
-    normalizer = backend.normalizer
-    if normalizer is not None and json.loads(normalizer.__getstate__()).get("type") not in ASCII_INVARIANT:
+    if backend.normalizer is not None and _normal_form(backend) not in ASCII_INVARIANT:
         return None
     pre = json.loads(backend.pre_tokenizer.__getstate__()) if backend.pre_tokenizer is not None else {}
     if pre.get("type") == "ByteLevel":
@@ -235,6 +236,11 @@ def _split_of(backend) -> str | None:
     if byte_level.get("type") != "ByteLevel" or byte_level.get("use_regex") or byte_level.get("add_prefix_space"):
         return None
     return pattern
+
+
+def _normal_form(backend) -> str | None:
+    """The type of the pipeline's normalizer (NFC, Lowercase, ...); None where it has none."""
+    return json.loads(backend.normalizer.__getstate__()).get("type") if backend.normalizer is not None else None
 
 
 def _byte_chars() -> dict[str, str]:
