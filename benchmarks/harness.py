@@ -194,17 +194,17 @@ def free_port() -> int:
 
 
 @contextmanager
-def served(*options: str) -> Iterator[tuple[str, subprocess.Popen]]:
-    """`typedlm serve OPTIONS` in its own process on a free port: (its URL, its process), ready once /health answers
-    (a server that exits first raises); stopped with SIGTERM on the way out (in-flight requests finish), then
-    killed if it has not stopped within a minute.
+def served(*options: str, env: dict[str, str] | None = None) -> Iterator[tuple[str, subprocess.Popen]]:
+    """`typedlm serve OPTIONS` in its own process on a free port (`env`: its environment, default this process's):
+    (its URL, its process), ready once /health answers (a server that exits first raises); stopped with SIGTERM on
+    the way out (in-flight requests finish), then killed if it has not stopped within a minute.
 
         with served("--prefix-cache-mb", "1024") as (url, process):
             httpx.post(url + "/v1/systemone", json=body)
     """
     port = free_port()
     command = [sys.executable, "-m", "typedlm.cli", "serve", "--port", str(port), *options]
-    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(READY_ATTEMPTS):
