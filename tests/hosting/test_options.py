@@ -30,12 +30,11 @@ def test_each_option_reaches_the_settings(monkeypatch):
     monkeypatch.delenv(API_KEYS_ENV, raising=False)
     argv = ["serve", "--max-queue", "3", "--max-batch", "5", "--timeout", "7", "--max-body-bytes", "1000"]
     argv += ["--head-timeout", "2", "--body-timeout", "4", "--no-cuda-graphs", "--no-model-process", "--port", "9"]
-    argv += ["--no-warm-up"]
     settings = settings_from_args(build_parser().parse_args([*argv, "--log-format", "json", "--api-key", "k"]))
     assert (settings.max_queue, settings.max_batch, settings.request_timeout_s) == (3, 5, 7.0)
     assert (settings.max_body_bytes, settings.log_format, settings.api_keys) == (1000, "json", ("k",))
     assert (settings.head_timeout_s, settings.body_timeout_s, settings.pending_body_bytes) == (2.0, 4.0, 8000)
-    assert (settings.cuda_graphs, settings.model_process, settings.port, settings.warm_up) == (False, False, 9, False)
+    assert (settings.cuda_graphs, settings.model_process, settings.port) == (False, False, 9)
     assert served_config(settings).engine.cuda_graphs is False
 
 

@@ -7,9 +7,8 @@ import torch
 
 from typedlm.core.confidence import normalise
 from typedlm.core.options import EngineOptions
-from typedlm.core.questions import ChoiceQuestion, NoulQuestion, ScoreQuestion, parse_request
+from typedlm.core.questions import ChoiceQuestion, NoulQuestion, ScoreQuestion
 from typedlm.decide.decider import Decider
-from typedlm.decide.startup import WARM_UP_BODY, warm_up
 from typedlm.ops.lse_attention import attend_with_lse, plain_attention
 from typedlm.runtime import graphs as graphs_module
 from typedlm.runtime.engine import Engine
@@ -115,20 +114,6 @@ def test_cuda_graphs_survive_a_growing_buffer_and_evictions(max_graphs, tokenize
         want, got = eager.decide(state, QUESTIONS).answers, graphs.decide(state, QUESTIONS).answers
         assert abs(want["n"].p_yes - got["n"].p_yes) < 1e-5
     assert len(graphs.engine.forward.runner.slots) <= max_graphs
-
-
-def test_the_start_up_request_captures_before_the_first_client(tokenizer, capsys):
-    """`startup.warm_up`: on CUDA one request of the server's own is answered at start (the kernels compiled, its
-    shape captured, said on stderr); a client's request of that shape then replays without a capture."""
-    graphs, _ = _graphs_and_eager(tokenizer)
-    before = graphs.stats()["cuda_graphs"]["captures"]
-    warm_up(graphs)
-    after = graphs.stats()["cuda_graphs"]
-    assert after["captures"] > before and after["capture_failures"] == 0
-    assert "warmed up in" in capsys.readouterr().err
-    request = parse_request(WARM_UP_BODY)
-    graphs.decide(request.state, request.questions)
-    assert graphs.stats()["cuda_graphs"]["captures"] == after["captures"]
 
 
 def test_graph_captures_are_counted_for_monitoring(tokenizer):

@@ -130,13 +130,6 @@ class ServerSettings(BaseModel):
         "torch's attention kernels",
         json_schema_extra=_flag("--no-fused-kernels"),
     )
-    warm_up: bool = Field(
-        True,
-        description="on CUDA, answer one request of the server's own before listening, so that the kernels are "
-        "compiled and a graph captured before the first client's request (and a failed capture shows in the start-up "
-        "log); --no-warm-up starts listening sooner",
-        json_schema_extra=_flag("--no-warm-up"),
-    )
     calibration: CalibrationMethod | None = Field(
         None,
         description="default calibration method (requests may pick another with x_calibration; default: feedback with "

@@ -2,8 +2,7 @@
 
     decider = load_served(settings)   # `typedlm serve` (in its model process or its own), and each replica
 
-Where the settings name no model, the best named model installed is served (`chosen_default`). Where the forwards
-are replayed as CUDA graphs, one request of the server's own is answered before it listens (`warm_up`).
+Where the settings name no model, the best named model installed is served (`chosen_default`).
 
 The one start-up of every place that serves: `typedlm serve` hands it to the model process (or runs it on a thread
 of the server's), and each replica on Ray Serve runs it.
@@ -14,21 +13,10 @@ from __future__ import annotations
 import sys
 import time
 
-from typedlm.core.questions import parse_request
 from typedlm.core.settings import ServerSettings
 from typedlm.decide.config import served_config
 from typedlm.decide.decider import Decider
 from typedlm.runtime.catalog import DEFAULT_ORDER, default_model
-
-# the start-up request (`warm_up`): a short message and one question of each type, as a first client's might be
-WARM_UP_BODY = {
-    "state": "I was charged twice for my March invoice. Please refund the second payment.",
-    "questions": {
-        "billing": {"type": "noul", "instructions": "Is this message about billing?"},
-        "tone": {"type": "choice", "criteria": {"angry": "upset or hostile", "calm": None}},
-        "urgency": {"type": "score", "criteria": ["can wait", "this week", "today"]},
-    },
-}
 
 
 def chosen_default() -> str:
@@ -58,8 +46,6 @@ def load_served(settings: ServerSettings) -> Decider:
     )
     for line in decider.features.summary():
         print(f"typedlm: {line}", file=sys.stderr)
-    if settings.warm_up:
-        warm_up(decider)
     if decider.feedback is not None:
         feedback = decider.feedback
         print(
@@ -68,28 +54,3 @@ def load_served(settings: ServerSettings) -> Decider:
             file=sys.stderr,
         )
     return decider
-
-
-def warm_up(decider: Decider) -> None:
-    """Where the forwards are replayed as CUDA graphs, answer `WARM_UP_BODY` once and say so on stderr.
-
-    On a machine that has not run typedlm before, the first forward compiles the Triton kernels and captures a graph
-    (seconds, not milliseconds): done here, before the server listens, it is not a client's wait, and a capture that
-    fails shows in the start-up log (its shape then runs eagerly; `/metrics` counts it). Later shapes are still
-    captured as requests bring them. The answer is not kept; its document stays in the prefix cache like any other.
-    """
-    if not decider.features.capture:
-        return
-    started = time.perf_counter()
-    request = parse_request(WARM_UP_BODY)
-    decider.decide(request.state, request.questions)
-    graphs = decider.engine.stats()["cuda_graphs"]
-    failed = graphs["capture_failures"]
-    outcome = f"{graphs['captures']} CUDA graph(s) captured" + (
-        f", {failed} capture(s) failed: those shapes run eagerly" if failed else ""
-    )
-    print(
-        f"typedlm: warmed up in {time.perf_counter() - started:.1f} s: one request of its own answered "
-        f"(kernels compiled, {outcome}; --no-warm-up skips it)",
-        file=sys.stderr,
-    )
