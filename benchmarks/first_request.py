@@ -1,15 +1,13 @@
-"""A new machine's first answers: `typedlm serve` started with every kernel cache empty, with and without its
-start-up request (`--no-warm-up`), the two taking turns.
+"""A new machine's first answers: `typedlm serve` started with every kernel cache empty, its first two requests.
 
     python -m benchmarks.first_request --device cuda --random-qwen3-0.6b --tokenizer DIR [--starts 2]
 
-On CUDA a forward of a batch shape not seen before compiles the Triton kernels it needs (on a machine that has not
-run typedlm before) and captures a graph: seconds, where a replay takes milliseconds. A server answers one request of
-its own before it listens (`typedlm.decide.startup.warm_up`), so that this is not a client's wait. Each start here
-is a new server process whose Triton, CUDA and Inductor caches are new empty folders; per start: the seconds until
-/health answers (the model loaded and, with the warm-up, its request answered), then the first client's request and
-the second, each a new document of P ≈ --prefix-tokens tokens with --questions yes/no questions, in ms. Prints a
-table and writes JSON (results/first_request/DATE-KIND.json).
+On CUDA a forward of a batch shape not seen before captures a graph (tens of ms), and on a machine that has not run
+typedlm before the Triton kernels are compiled (seconds each; the cascade kernel once per model, as it loads). Each
+start here is a new server process whose Triton, CUDA and Inductor caches are new empty folders; per start: the
+seconds until /health answers (the model loaded), then the first client's request and the second, each a new
+document of P ≈ --prefix-tokens tokens with --questions yes/no questions, in ms. Prints a table and writes JSON
+(results/first_request/DATE-KIND.json).
 """
 
 from __future__ import annotations
@@ -43,7 +41,6 @@ from benchmarks.harness import (
 from typedlm.text.prompt import ChatLayout
 
 KERNEL_CACHES = ("TRITON_CACHE_DIR", "CUDA_CACHE_PATH", "TORCHINDUCTOR_CACHE_DIR")
-WAYS = {"warm-up": [], "no warm-up": ["--no-warm-up"]}
 
 
 def one_start(model: str, options: list[str], documents: Documents, questions: int) -> dict[str, float]:
@@ -85,21 +82,13 @@ def main() -> None:
         else:
             documents = Documents(ChatLayout(load_benchmark_model(args, "cpu")[0].tokenizer), args.prefix_tokens)
         options = ["--device", args.device, "--dtype", dtype, "--calibration", "raw", "--feedback-db", "none"]
-        starts: dict[str, list[dict[str, float]]] = {way: [] for way in WAYS}
-        print(table_head(("way", "start", "ready s", "first ms", "second ms"), "llrrr"))
+        starts = []
+        print(table_head(("start", "ready s", "first ms", "second ms"), "lrrr"))
         for start in range(args.starts):
-            for way, more in WAYS.items() if start % 2 == 0 else reversed(WAYS.items()):
-                row = one_start(model, [*options, *more], documents, args.questions)
-                starts[way].append(row)
-                print(
-                    table_row(
-                        [way, start, f"{row['ready_s']:.1f}", f"{row['first_ms']:.1f}", f"{row['second_ms']:.1f}"]
-                    )
-                )
-    medians = {
-        way: {key: statistics.median(row[key] for row in rows) for key in ("ready_s", "first_ms", "second_ms")}
-        for way, rows in starts.items()
-    }
+            row = one_start(model, options, documents, args.questions)
+            starts.append(row)
+            print(table_row([start, f"{row['ready_s']:.1f}", f"{row['first_ms']:.1f}", f"{row['second_ms']:.1f}"]))
+    medians = {key: statistics.median(row[key] for row in starts) for key in ("ready_s", "first_ms", "second_ms")}
     report = {
         "benchmark": "first_request", "device": args.device, "dtype": dtype, "date": time.strftime("%Y-%m-%d"),
         "model": args.model or ("random-qwen3-0.6b-shape" if args.random_qwen3_06b else "tiny-qwen3"),

@@ -369,4 +369,7 @@ def test_captures_hold_in_a_fresh_process_with_every_kernel_cache_empty(tokenize
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
     assert "every capture held" in done.stdout
-    assert any((tmp_path / "triton").iterdir()), "Triton's kernels were compiled into the empty cache"
+    # the cascade kernel is compiled once per model and dtype, whatever the documents' and questions' lengths (its
+    # row count and segment width are not specialised on): a new machine's first long document compiles nothing
+    variants = list((tmp_path / "triton").rglob("_cascade_kernel.cubin"))
+    assert 0 < len(variants) <= 4, [path.parent.name for path in variants]

@@ -30,6 +30,11 @@ import triton.language as tl
 COLUMNS_PER_PROGRAM = 1024
 ELEMENTS_PER_PROGRAM = 4096  # rms_norm: rows per program × the row's length rounded up to a power of two
 NUM_WARPS = 4  # of every program here (Triton's default); benchmarks/kernel_rates.py times these three settings
+# ROW_COUNTS: Triton compiles a kernel once per specialisation of its integer arguments (divisible by 16 or not,
+# equal to 1). A kernel's row counts vary with every request's lengths and only bound its masks, so they are not
+# specialised on (`do_not_specialize`): one compile serves every request, where each new residue meant another
+# compile in a new machine's first requests (seconds on an H100; `cascade_kernel` says more). Strides and
+# widths, which place the loads, stay specialised.
 
 
 @triton.jit
@@ -72,7 +77,7 @@ def _row_blocks(rows: int, columns: int) -> tuple[tuple[int], int, int]:
     return (triton.cdiv(rows, per_program),), per_program, block
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["rows", "inner"])  # see ROW_COUNTS
 def _rms_norm_kernel(
     X, W, Y, rows, inner, columns, stride_outer, stride_inner, eps, ROWS: tl.constexpr, COLUMNS: tl.constexpr
 ):
@@ -107,7 +112,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return out
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["rows"])  # see ROW_COUNTS
 def _add_rms_norm_kernel(
     X, R, W, S, Y, rows, columns, stride_x, stride_r, eps, ROWS: tl.constexpr, COLUMNS: tl.constexpr
 ):
@@ -173,7 +178,7 @@ def _norm_rope_rows(
     tl.store(Y + target + half, n_second * cos_second + n_first * sin_second, mask=inside)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["q_rows", "k_rows"])  # see ROW_COUNTS
 def _norm_rope_kernel(
     Q, K, QW, KW, QY, KY, COS, SIN, q_rows, k_rows, heads, kv_heads, half, stride_qt, stride_qh, stride_kt,
     stride_kh, stride_cos, stride_sin, eps, ROWS: tl.constexpr, HALF: tl.constexpr,
