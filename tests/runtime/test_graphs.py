@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -54,6 +56,16 @@ def test_shapes_are_shared_by_similar_requests():
     a = Shape.of(1200, pack(1300, items(30, 20)))
     b = Shape.of(1250, pack(1350, items(31, 20)))
     assert a == b
+
+
+@pytest.mark.parametrize("documents", [1, 2, 4, 8])
+def test_every_input_field_keeps_one_alignment_whatever_the_shape(documents):
+    # Triton compiles a kernel once per alignment of its pointers: a field a kernel reads must not start at an odd
+    # int64 in one shape and an even one in another (with 2 documents the fields before the block table change parity)
+    shape = dataclasses.replace(Shape.of(20, pack(40, items(12, 9))), documents=documents)
+    slot = Slot(shape, torch.device("cpu"), block_tokens=16)
+    assert all(lo % 2 == 0 for lo, _ in slot.views.values()), slot.views
+    assert all(slot.field(name).data_ptr() % 16 == 0 for name in slot.views)
 
 
 def test_a_reused_slot_holds_only_the_latest_request():

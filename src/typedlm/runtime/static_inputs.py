@@ -28,6 +28,10 @@ from typedlm.ops import kernel_blocks
 from typedlm.runtime.packing import PackedBatch
 
 FINE_FROM, FINE_STEP = 4096, 512  # rows past which the buckets grow by a fixed step (see `bucket`)
+# every field of the arena starts a multiple of this many int64s (16 bytes) from its start: Triton compiles a kernel
+# once per alignment of its pointer arguments, so a field read by a kernel (the block table, the row slots, the
+# write slots) keeps one alignment whatever the shape (with several documents the fields before them change parity)
+FIELD_ALIGN = 2
 
 
 @dataclass(frozen=True)
@@ -131,6 +135,7 @@ class Slot:
         self.views: dict[str, tuple[int, int]] = {}
         offset = 0
         for name, size in sizes.items():
+            offset = -(-offset // FIELD_ALIGN) * FIELD_ALIGN
             self.views[name] = (offset, offset + size)
             offset += size
         # what every request starts from: zeros, and padding segment slots that see only themselves
