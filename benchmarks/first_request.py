@@ -6,7 +6,9 @@ On CUDA a forward of a batch shape not seen before captures a graph (tens of ms)
 typedlm before the Triton kernels are compiled (seconds each; the cascade kernel once per model, as it loads). Each
 start here is a new server process whose Triton, CUDA and Inductor caches are new empty folders; per start: the
 seconds until /health answers (the model loaded), then the first client's request and the second, each a new
-document of P ≈ --prefix-tokens tokens with --questions yes/no questions, in ms. Prints a table and writes JSON
+document of P ≈ --prefix-tokens tokens with --questions yes/no questions, in ms, then --together such requests sent
+at once (answered by forwards of several documents: the slowest one's ms), and how many kernels Triton had compiled
+after each step (a step that compiles one waits seconds for it). Prints a table and writes JSON
 (results/first_request/DATE-KIND.json).
 """
 
@@ -17,6 +19,7 @@ import os
 import statistics
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -43,28 +46,45 @@ from typedlm.text.prompt import ChatLayout
 KERNEL_CACHES = ("TRITON_CACHE_DIR", "CUDA_CACHE_PATH", "TORCHINDUCTOR_CACHE_DIR")
 
 
-def one_start(model: str, options: list[str], documents: Documents, questions: int) -> dict[str, float]:
-    """A server started with empty kernel caches: seconds to ready, then its first two requests' ms."""
+def kernels(folder: Path) -> int:
+    """Kernels compiled into a Triton cache so far (one file per kernel and specialisation)."""
+    return sum(1 for _ in folder.rglob("*.cubin"))
+
+
+def one_start(model: str, options: list[str], documents: Documents, questions: int, together: int) -> dict:
+    """A server started with empty kernel caches: seconds to ready, its first two requests' ms, then `together`
+    requests sent at once (the first forwards of several documents), the slowest one's ms; the kernels Triton had
+    compiled after each step."""
     with tempfile.TemporaryDirectory() as caches:
         env = {**os.environ, **{name: str(Path(caches) / name.lower()) for name in KERNEL_CACHES}}
+        triton_cache = Path(env["TRITON_CACHE_DIR"])
         started = time.perf_counter()
         with served("--model", model, *options, env=env) as (url, _server):
-            ready = time.perf_counter() - started
-            times = []
+            row: dict = {"ready_s": time.perf_counter() - started, "kernels_ready": kernels(triton_cache)}
             with httpx.Client(base_url=url, timeout=600) as client:
-                for _ in range(2):
-                    body = {"state": documents.next(), "questions": wire(make_questions(questions))}
+
+                def send(state: str) -> float:
+                    body = {"state": state, "questions": wire(make_questions(questions))}
                     sent = time.perf_counter()
                     response = client.post("/v1/systemone", json=body)
-                    times.append(1e3 * (time.perf_counter() - sent))
                     assert response.status_code == 200, response.text
-    return {"ready_s": ready, "first_ms": times[0], "second_ms": times[1]}
+                    return 1e3 * (time.perf_counter() - sent)
+
+                for step in ("first", "second"):
+                    row[f"{step}_ms"] = send(documents.next())
+                    row[f"kernels_{step}"] = kernels(triton_cache)
+                states = [documents.next() for _ in range(together)]
+                with ThreadPoolExecutor(together) as pool:
+                    row["together_ms"] = max(pool.map(send, states))
+                row["kernels_together"] = kernels(triton_cache)
+    return row
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_arguments(parser, device="cuda")
-    parser.add_argument("--starts", type=int, default=2, help="server starts per way")
+    parser.add_argument("--starts", type=int, default=2, help="server starts")
+    parser.add_argument("--together", type=int, default=8, help="requests sent at once after the first two")
     parser.add_argument("--questions", type=int, default=4)
     parser.add_argument("--prefix-tokens", type=int, default=1266)
     add_output_arguments(parser, "first_request")
@@ -83,12 +103,16 @@ def main() -> None:
             documents = Documents(ChatLayout(load_benchmark_model(args, "cpu")[0].tokenizer), args.prefix_tokens)
         options = ["--device", args.device, "--dtype", dtype, "--calibration", "raw", "--feedback-db", "none"]
         starts = []
-        print(table_head(("start", "ready s", "first ms", "second ms"), "lrrr"))
+        columns = ("start", "ready s", "first ms", "second ms", f"{args.together} at once ms", "kernels compiled")
+        print(table_head(columns, "lrrrrl"))
         for start in range(args.starts):
-            row = one_start(model, options, documents, args.questions)
+            row = one_start(model, options, documents, args.questions, args.together)
             starts.append(row)
-            print(table_row([start, f"{row['ready_s']:.1f}", f"{row['first_ms']:.1f}", f"{row['second_ms']:.1f}"]))
-    medians = {key: statistics.median(row[key] for row in starts) for key in ("ready_s", "first_ms", "second_ms")}
+            compiled = " → ".join(str(row[f"kernels_{step}"]) for step in ("ready", "first", "second", "together"))
+            cells = [f"{row[key]:.1f}" for key in ("ready_s", "first_ms", "second_ms", "together_ms")]
+            print(table_row([start, *cells, compiled]))
+    keys = ("ready_s", "first_ms", "second_ms", "together_ms")
+    medians = {key: statistics.median(row[key] for row in starts) for key in keys}
     report = {
         "benchmark": "first_request", "device": args.device, "dtype": dtype, "date": time.strftime("%Y-%m-%d"),
         "model": args.model or ("random-qwen3-0.6b-shape" if args.random_qwen3_06b else "tiny-qwen3"),
