@@ -31,13 +31,12 @@ from benchmarks.harness import (
     default_dtype,
     device_kind,
     host_cpu,
-    load_benchmark_model,
     make_questions,
     output_path,
+    saved_for_serving,
     served,
     table_head,
     table_row,
-    tiny_qwen3,
     wire,
     write_report,
 )
@@ -91,16 +90,8 @@ def main() -> None:
     args = parser.parse_args()
     dtype = args.dtype or default_dtype(args.device)
     with tempfile.TemporaryDirectory() as folder:
-        model = args.model
-        if model is None:  # saved, for each server to load the same weights
-            loaded = load_benchmark_model(args)[0] if args.random_qwen3_06b else tiny_qwen3()
-            loaded.model.save_pretrained(folder)
-            loaded.tokenizer.save_pretrained(folder)
-            documents = Documents(ChatLayout(loaded.tokenizer), args.prefix_tokens)
-            model = folder
-            del loaded
-        else:
-            documents = Documents(ChatLayout(load_benchmark_model(args, "cpu")[0].tokenizer), args.prefix_tokens)
+        model, tokenizer = saved_for_serving(args, folder)
+        documents = Documents(ChatLayout(tokenizer), args.prefix_tokens)
         options = ["--device", args.device, "--dtype", dtype, "--calibration", "raw", "--feedback-db", "none"]
         starts = []
         columns = ("start", "ready s", "first ms", "second ms", f"{args.together} at once ms", "kernels compiled")

@@ -7,7 +7,7 @@ prints a table (or a line per cell) and ends with one JSON line. One that keeps 
 kind (cpu, cuda) where the benchmark takes --device, then --label where given; --out names another file.
 
 - options: `add_model_arguments`, `add_output_arguments`
-- models: `load_benchmark_model`, `random_qwen3_06b`, `tiny_qwen3`, `embedded_tokenizer_dir`
+- models: `load_benchmark_model`, `random_qwen3_06b`, `tiny_qwen3`, `embedded_tokenizer_dir`, `saved_for_serving`
 - inputs: `make_state` (a document of about P tokens), `Documents` (new ones), `make_questions`, `wire`,
   `example_request`
 - the served path: `served` (a real `typedlm serve` process), `served_app` (an app on uvicorn in a thread of this
@@ -134,6 +134,18 @@ def load_benchmark_model(args: argparse.Namespace, device: str | None = None) ->
         tokenizer_dir = Path(args.tokenizer) if args.tokenizer else embedded_tokenizer_dir()
         return random_qwen3_06b(tokenizer_dir, device, dtype), dtype
     return load_model(args.model, device, dtype), dtype
+
+
+def saved_for_serving(args: argparse.Namespace, folder: str) -> tuple[str, object]:
+    """What a benchmark's `typedlm serve` loads, and its tokenizer: --model where given, else the model
+    `add_model_arguments`' options name (random or the tiny Qwen3) saved into `folder`, so that the server loads the
+    same weights."""
+    if args.model is not None:
+        return args.model, load_benchmark_model(args, "cpu")[0].tokenizer
+    loaded = load_benchmark_model(args)[0] if args.random_qwen3_06b else tiny_qwen3()
+    loaded.model.save_pretrained(folder)
+    loaded.tokenizer.save_pretrained(folder)
+    return folder, loaded.tokenizer
 
 
 # ---------------------------------------------------------------- inputs

@@ -33,13 +33,12 @@ from benchmarks.harness import (
     default_dtype,
     device_kind,
     host_cpu,
-    load_benchmark_model,
     make_questions,
     output_path,
+    saved_for_serving,
     served,
     table_head,
     table_row,
-    tiny_qwen3,
     wire,
     write_report,
 )
@@ -76,13 +75,8 @@ def main() -> None:
     add_output_arguments(parser, "served_path")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
-        model, dtype = args.model, args.dtype or default_dtype(args.device)
-        if model is None:  # saved, for the server to load the same weights
-            loaded = load_benchmark_model(args)[0] if args.random_qwen3_06b else tiny_qwen3()
-            loaded.model.save_pretrained(folder)
-            loaded.tokenizer.save_pretrained(folder)
-            model = folder
-            del loaded
+        dtype = args.dtype or default_dtype(args.device)
+        model = args.model or saved_for_serving(args, folder)[0]
         decider = Decider.load(
             model, device=args.device, dtype=dtype, calibration=CalibrationMethod.RAW, feedback_db=None
         )
