@@ -136,16 +136,15 @@ def load_benchmark_model(args: argparse.Namespace, device: str | None = None) ->
     return load_model(args.model, device, dtype), dtype
 
 
-def saved_for_serving(args: argparse.Namespace, folder: str) -> tuple[str, object]:
-    """What a benchmark's `typedlm serve` loads, and its tokenizer: --model where given, else the model
-    `add_model_arguments`' options name (random or the tiny Qwen3) saved into `folder`, so that the server loads the
-    same weights."""
+def saved_for_serving(args: argparse.Namespace, folder: str) -> str:
+    """What a benchmark's `typedlm serve` loads: --model where given, else the model `add_model_arguments`' options
+    name (random weights or the tiny Qwen3) saved into `folder`, so that the server loads the same weights."""
     if args.model is not None:
-        return args.model, load_benchmark_model(args, "cpu")[0].tokenizer
+        return args.model
     loaded = load_benchmark_model(args)[0] if args.random_qwen3_06b else tiny_qwen3()
     loaded.model.save_pretrained(folder)
     loaded.tokenizer.save_pretrained(folder)
-    return folder, loaded.tokenizer
+    return folder
 
 
 # ---------------------------------------------------------------- inputs

@@ -76,7 +76,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         dtype = args.dtype or default_dtype(args.device)
-        model = args.model or saved_for_serving(args, folder)[0]
+        model = saved_for_serving(args, folder)
         decider = Decider.load(
             model, device=args.device, dtype=dtype, calibration=CalibrationMethod.RAW, feedback_db=None
         )

@@ -344,9 +344,9 @@ for family in ("qwen3", "llama"):
             got, want = graphs.decide(state, questions).answers, eager.decide(state, questions).answers
             assert abs(got["n"].p_yes - want["n"].p_yes) < 2e-2, (family, dtype, state[:10])
         # two documents in one forward (the fields of its static inputs at other offsets than one document's)
-        prepared = [graphs.prepare_request(state, questions) for state in ("two at once", "word " * 200)]
-        together = graphs.launch_prepared(prepared)()
-        alone = [eager.decide(state, questions) for state in ("two at once", "word " * 200)]
+        pair = ("two at once", "word " * 200)
+        together = graphs.launch_prepared([graphs.prepare_request(state, questions) for state in pair])()
+        alone = [eager.decide(state, questions) for state in pair]
         for got, want in zip(together, alone):
             assert abs(got.answers["n"].p_yes - want.answers["n"].p_yes) < 2e-2, (family, dtype)
         stats = graphs.stats()["cuda_graphs"]
