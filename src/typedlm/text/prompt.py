@@ -19,10 +19,8 @@ a token boundary inside the prefix's close (`ChatLayout.prefix_close`: the docum
 `typedlm.text.cut`): the ids before it are the document's own, and the text after it (a piece of the close, then the
 question) is the same for every document, so its ids are remembered per question. The cut is checked once per
 document, on the document's last tokens with the first question; documents are remembered (by their exact text)
-with their ids and checked cut, so a repeated document is not tokenized again. A new document of admitted
-characters (ASCII and the common ones beyond it that pass the tokenizer's probe) is tokenized from its words'
-remembered ids where the tokenizer is byte-level BPE (`typedlm.text.words`), else a long one in pieces side by
-side (`typedlm.text.pieces`), each seam checked the same way.
+with their ids and checked cut, so a repeated document is not tokenized again. A long new document is tokenized in
+pieces side by side (`typedlm.text.pieces`), each seam checked the same way.
 """
 
 from __future__ import annotations
@@ -40,7 +38,6 @@ from typedlm.core.questions import ChoiceQuestion, NoulQuestion, Question, Score
 from typedlm.text.cut import Cut, CutTokenizer, common_prefix_length
 from typedlm.text.labels import choice_labels, score_labels
 from typedlm.text.pieces import PIECE_CHARS, PieceTokenizer
-from typedlm.text.words import WordTokenizer
 
 
 @dataclass(frozen=True)
@@ -177,12 +174,9 @@ class ChatLayout:
     """The chat template cut into its fixed pieces: head, document close (then the question opening), and answer
     opening."""
 
-    def __init__(self, tokenizer, version: str = PROMPT_VERSION, piece_chars: int = PIECE_CHARS, words: bool = True):
+    def __init__(self, tokenizer, version: str = PROMPT_VERSION, piece_chars: int = PIECE_CHARS):
         self._tokenizer = tokenizer
         self.pieces = PieceTokenizer(tokenizer, piece_chars)  # a new document's ids: pieces tokenized side by side
-        # ... or, one of admitted characters, from its words (None: the tokenizer is not byte-level BPE, or `words`
-        # is off)
-        self.words = WordTokenizer.of(tokenizer, self.pieces) if words else None
         self.version = version  # the prompt version (see `WORDINGS`)
         messages = [
             {"role": "system", "content": wording(version).system},
@@ -213,7 +207,7 @@ class ChatLayout:
         specials = set(getattr(tokenizer, "all_special_tokens", [])) | {t.content for t in added.values() if t.special}
         self._control_strings = sorted((s for s in specials if len(s) > 1), key=len, reverse=True)
         # where a document's prompts are cut, and the ids of the text after the cut, remembered per question
-        self.cutter = CutTokenizer(tokenizer, self.words or self.pieces, self.prefix_close, sorted(specials))
+        self.cutter = CutTokenizer(tokenizer, self.pieces, self.prefix_close, sorted(specials))
 
     def defuse(self, text: str) -> str:
         """User text with every control-token string broken by a word joiner, so it tokenizes as text."""
