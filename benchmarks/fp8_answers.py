@@ -29,12 +29,12 @@ import time
 import numpy as np
 import torch
 
+from benchmarks.fp8_projections import quantize_rows
 from benchmarks.harness import add_output_arguments, output_path, table_head, table_row, write_report
 from typedlm.decide.decider import Decider
 from typedlm.offline.evaluate import load_examples
 from typedlm.offline.readouts import Readout, record
 
-E4M3_MAX = 448.0
 DEFAULT_SETS = ("boolq", "rotten_tomatoes", "bbc_news", "arc", "amazon_sentiment")
 MOVED = 0.01  # the bound asked for on an answer's change
 WAYS = {"float32": "float32", "bfloat16": "bfloat16", "fp8": "bfloat16"}  # way → the model's dtype
@@ -42,10 +42,10 @@ COMPARED = (("bfloat16", "fp8"), ("float32", "bfloat16"))  # (before, after): wh
 
 
 def fp8_rows(x: torch.Tensor) -> torch.Tensor:
-    """x [..., K] rounded through e4m3 with one float32 scale per row, back in float32."""
-    x = x.float()
-    scale = x.abs().amax(dim=-1, keepdim=True).clamp(min=1e-12) / E4M3_MAX
-    return (x / scale).to(torch.float8_e4m3fn).float() * scale
+    """x [..., K] rounded through e4m3 with one float32 scale per row (`fp8_projections.quantize_rows`), back in
+    float32."""
+    q, scale = quantize_rows(x)
+    return q.float() * scale
 
 
 @contextlib.contextmanager

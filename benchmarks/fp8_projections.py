@@ -26,8 +26,8 @@ E4M3_MAX = 448.0
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] as e4m3 with one float32 scale per row (x ≈ q · scale)."""
-    scale = x.abs().amax(dim=1, keepdim=True).float().clamp(min=1e-12) / E4M3_MAX
+    """x [..., K] as e4m3 with one float32 scale per row (x ≈ q · scale)."""
+    scale = x.abs().amax(dim=-1, keepdim=True).float().clamp(min=1e-12) / E4M3_MAX
     return (x.float() / scale).to(torch.float8_e4m3fn), scale
 
 
