@@ -69,12 +69,12 @@ def test_readouts_learn_where_answers_mean_the_same_and_stay_bounded():
     assert readout_keys({**KEYS, "kind": "choice"}, "choice", 65) == []  # too many answers for weights of each
     _, features, gold = _task(200, 2, 0.8, seed=4)
     learner, readouts = Learner(), Readouts(max_bytes=60_000)
-    labeled = [(KEYS, Sample((0.5, 0.5), 0.5, 0.0, int(g)), f) for g, f in zip(gold, features)]
-    learner.add((k, s) for k, s, _ in labeled)
-    readouts.add(learner, labeled[: MIN_READOUT_LABELS - 1])
+    labeled = [(i, KEYS, Sample((0.5, 0.5), 0.5, 0.0, int(g)), f) for i, (g, f) in enumerate(zip(gold, features))]
+    learner.add((k, s) for _, k, s, _ in labeled)
+    readouts.add([learner], labeled[: MIN_READOUT_LABELS - 1])
     assert readouts.fit_for(KEYS, "noul", 2) is None  # too few labels
-    readouts.add(learner, [(KEYS, Sample((0.5, 0.5), 0.5, 0.0, 0), None)])  # no features: passed over
-    readouts.add(learner, labeled[MIN_READOUT_LABELS - 1 :])
+    readouts.add([learner], [(-1, KEYS, Sample((0.5, 0.5), 0.5, 0.0, 0), None)])  # no features: passed over
+    readouts.add([learner], labeled[MIN_READOUT_LABELS - 1 :])
     assert readouts.held_bytes <= 60_000 and len(readouts.levels[("family", "f1")].samples) < 200
     assert len(readouts.levels[("kind", "noul")].samples) < 200
     fitted = readouts.fit_for(KEYS, "noul", 2)

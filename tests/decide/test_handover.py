@@ -45,7 +45,7 @@ def test_without_labels_every_set_is_every_answer_and_every_answer_abstains(load
     want = {"billing": [True, False], "team": ["billing", "tech"], "urgency": ["0", "1", "2"]}
     for qid, answer in asked["answers"].items():
         assert answer["x_set"] == {"answers": want[qid], "coverage": 0.8, "labels": 0, "level": "default",
-                                   "guaranteed": False, "guarantee": "none", "scores": "none"}  # fmt: skip
+                                   "guaranteed": False, "guarantee": "none", "proven_coverage": None}  # fmt: skip
         assert answer["x_abstain"] is True and answer["x_threshold"] is None
     SystemOneResponse.model_validate(asked)  # the official SDK's own response model parses it
 
@@ -59,13 +59,9 @@ def test_fair_labels_give_a_guaranteed_set_and_chosen_ones_count_for_nothing(loa
         decider.respond_feedback(body(document, gold={"billing": False}, x_sample="chosen"))
     answer = decider.respond(body(DOCUMENTS[0], **ASKED))["answers"]
     chosen = answer["billing"]["x_set"]
-    assert (chosen["labels"], chosen["level"], chosen["guaranteed"], chosen["guarantee"]) == (
-        8,
-        "exact",
-        True,
-        "finite-sample",
-    )
-    assert chosen["scores"] in ("feedback", "default") and set(chosen["answers"]) <= {True, False}
+    assert (chosen["labels"], chosen["level"], chosen["guaranteed"], chosen["guarantee"]) == (8, "exact", True, "cv+")
+    assert 0 < chosen["proven_coverage"] < 0.8 and set(chosen["answers"]) <= {True, False}
+    assert (answer["billing"]["noul"] >= 0.5) in chosen["answers"]  # the answer shown is always in its set
     assert answer["billing"]["x_feedback"]["labels"] == 11  # the chosen labels are learned all the same
     # 8 labels are too few to certify anything at 0.9 (0.9^8 > 0.1): the answer abstains, said by its threshold
     assert answer["billing"]["x_abstain"] is True and answer["billing"]["x_threshold"] is None

@@ -34,6 +34,7 @@ from typedlm.calibrate.calibration import (
     signature,
 )
 from typedlm.calibrate.decisions import hand_over
+from typedlm.calibrate.out_of_fold import Served
 from typedlm.calibrate.reads import Reads
 from typedlm.core.answers import Answer
 from typedlm.core.bounded import BoundedCache, ids_bytes, text_bytes
@@ -96,7 +97,7 @@ class RawCalibrator:
 
     def hand_over(self, question: Question, reads: Reads, answer: Answer, handover: Handover) -> Answer:
         """No labels are scored under this calibration: every answer in the set, every answer abstaining."""
-        return hand_over(question, answer, wire_probs(question, answer), (), None, None, handover)
+        return hand_over(question, answer, Served.alone(wire_probs(question, answer)), None, None, handover)
 
 
 class ContextualCalibrator(RawCalibrator):

@@ -1,16 +1,25 @@
 """An answer's set and its abstention, from its question's labels: which level speaks for it, and what it says.
 
     decisions = Decisions(out_of_fold)
-    decisions.answer_set(keys, probs, coverage=0.9)     # AnswerSet: answer indexes, level, labels, guarantee
-    decisions.selective(keys, confidence, min_accuracy=0.95)   # Selective: abstain or not, the certificate
+    decisions.answer_set(keys, served, coverage=0.9)            # AnswerSet: answer indexes, level, labels, guarantee
+    decisions.selective(keys, top_probability, min_accuracy=0.95)   # Selective: abstain or not, the certificate
+
+Both read the answer the server shows (`out_of_fold.Served`: the fold models' answers and their mean), and the labels
+as the same fold models scored them (`OutOfFold.scored`): the set is CV+'s over the fold models
+(`guarantees.cv_plus_set`), with the top answer shown always in it (a set is never empty, and coverage can only
+rise); the certificate is tested on the labels' top probabilities and held against the top probability shown, for
+the top answer shown. No choice among scores is made on the labels a quantile uses: the scores are always the served
+model's.
 
 Mondrian by level: of a question's levels (exact → family → kind, `typedlm.calibrate.learning`), the most specific
 with enough fair labels speaks for it. For a set, enough is `settled_labels(α)` (34 at α = 0.1), and where no level
-has that many, the most labeled one with at least `labels_needed(α)` (9 at α = 0.1); for a certificate,
-`CERTIFY_MIN_LABELS`. Within a level, split conformal unless its stream has drifted so that adaptive conformal
-inference measures better (`guarantees.prefer_online`); the set then says its guarantee is long-run. A level's
-quantile and certificate are computed once per label count and kept (`MAX_CACHED` of them), so that answering costs
-a lookup.
+has that many, the most labeled one with at least `labels_needed(α)` (9 at α = 0.1); which level speaks depends on
+the levels' label counts alone, never on the labels' scores. For a certificate, `CERTIFY_MIN_LABELS`. Within a
+level, CV+ unless its stream has drifted so that adaptive conformal inference measures better
+(`guarantees.prefer_online`); the set then says its guarantee is long-run. That switch looks at the scores, so CV+'s
+guarantee holds given that it was not taken only to within the switch's rate on a stream that does not drift (ε,
+measured by simulation: P(cover | kept) ≥ (P(cover) − ε)/(1 − ε)). A level's rule and certificate are computed once
+per label count and kept (`MAX_CACHED` of them), so that answering costs a lookup and a few binary searches.
 """
 
 from __future__ import annotations
@@ -22,19 +31,23 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from typedlm.calibrate.guarantees import (
     DELTA,
     ONLINE_WINDOW,
     Certificate,
     answer_set,
     certify,
+    cv_plus_floor,
+    cv_plus_set,
     labels_needed,
     online_quantile,
     prefer_online,
-    split_quantile,
+    quantile_rank,
 )
 from typedlm.calibrate.learning import LEVELS
-from typedlm.calibrate.out_of_fold import OutOfFold
+from typedlm.calibrate.out_of_fold import OutOfFold, Served
 from typedlm.core.answers import Answer
 from typedlm.core.questions import Handover, Question
 
@@ -45,12 +58,24 @@ MAX_CACHED = 4096  # quantiles and certificates kept
 
 @dataclass(frozen=True)
 class SetRule:
-    """How one level gives sets at one miss rate: the quantile, on whose scores, the guarantee and its labels."""
+    """How one level gives sets at one miss rate: CV+ over its folds' sorted scores at `rank`, or the online
+    variant's quantile `q` on the answer shown; the guarantee and its labels."""
 
-    q: float
-    default: bool  # the default calibration's scores and probabilities (else the learned calibration's)
-    guarantee: str  # "finite-sample" or "long-run"
+    guarantee: str  # "cv+" or "long-run"
     labels: int
+    rank: int | None = None  # CV+: ⌈(n+1)(1−α)⌉
+    fold_scores: tuple[np.ndarray, ...] = ()  # CV+: each fold's labels' scores, sorted
+    q: float | None = None  # long-run: the quantile of 1 − p the shown answer is held to
+    proven: float | None = None  # CV+: the coverage proven for any fit (`guarantees.cv_plus_floor`)
+
+    def answers(self, served: Served) -> list[int]:
+        """The set of a served answer, its top answer always in."""
+        if self.guarantee == "long-run":
+            chosen = answer_set(served.probs, self.q)
+        else:
+            chosen = cv_plus_set(served.by_fold, self.fold_scores, self.rank)
+        top = max(range(len(served.probs)), key=served.probs.__getitem__)
+        return chosen if top in chosen else sorted([*chosen, top])
 
 
 def settled_labels(alpha: float) -> int:
@@ -69,8 +94,8 @@ class AnswerSet:
     coverage: float
     labels: int
     level: str  # the level whose labels gave it; "default" where none has enough
-    guarantee: str  # "finite-sample" (split conformal), "long-run" (adaptive), "none" (every answer)
-    scores: str  # whose probabilities the set is read from: "feedback" (learned), "default", "none"
+    guarantee: str  # "cv+" (CV+ over the fold models), "long-run" (adaptive), "none" (every answer)
+    proven: float | None = None  # CV+: the coverage proven whatever the fit (`guarantees.cv_plus_floor`)
 
     def to_wire(self, names: Sequence[Any]) -> dict[str, Any]:
         return {
@@ -78,9 +103,9 @@ class AnswerSet:
             "coverage": self.coverage,
             "labels": self.labels,
             "level": self.level,
-            "guaranteed": self.guarantee == "finite-sample",
+            "guaranteed": self.guarantee == "cv+",
             "guarantee": self.guarantee,
-            "scores": self.scores,
+            "proven_coverage": self.proven,
         }
 
 
@@ -92,14 +117,17 @@ class Selective:
     level: str
     certificate: Certificate | None
 
-    def threshold_wire(self) -> dict[str, Any] | None:
+    def threshold_wire(self, answer: Any) -> dict[str, Any] | None:
+        """The certificate on the wire, with the answer it speaks of (`answer`: the top answer shown)."""
         c = self.certificate
         if c is None:
             return None
         return {
-            "confidence": c.confidence,
+            "top_probability": c.confidence,
+            "answer": answer,
             "labels": c.labels,
             "right": c.right,
+            "lower_bound": round(c.lower_bound, 6),
             "level": self.level,
             "min_accuracy": c.min_accuracy,
             "delta": c.delta,
@@ -127,34 +155,24 @@ class Decisions:
         return value
 
     def _rule(self, level: str, key: str, alpha: float) -> SetRule | None:
-        """How a level gives sets at miss rate α (None: too few labels). Split conformal on the scores that give the
-        smaller sets on its labels, the learned calibration's out of fold or the default's; adaptive conformal
-        inference instead where the stream has drifted (`prefer_online`)."""
+        """How a level gives sets at miss rate α (None: too few labels): CV+ on its labels' out-of-fold scores,
+        adaptive conformal inference instead where the stream has drifted (`prefer_online`)."""
 
         def compute() -> SetRule | None:
             scored = self.out_of_fold.scored(level, key)
             if scored is None or len(scored) < labels_needed(alpha):
                 return None
-            rules = []
-            for default, scores in ((False, scored.scores), (True, scored.default_scores)):
-                if prefer_online(scores.tolist(), alpha):
-                    q, guarantee, n = (
-                        online_quantile(scores.tolist(), alpha),
-                        "long-run",
-                        min(len(scored), ONLINE_WINDOW),
-                    )
-                else:
-                    q, guarantee, n = split_quantile(scores, alpha), "finite-sample", len(scored)
-                rules.append((scored.mean_size(q, default), SetRule(q, default, guarantee, n)))
-            return min(rules, key=lambda rule: rule[0])[1]  # ties: the learned calibration's
+            scores = scored.scores.tolist()
+            if prefer_online(scores, alpha):
+                return SetRule("long-run", min(len(scored), ONLINE_WINDOW), q=online_quantile(scores, alpha))
+            n = len(scored)
+            proven = cv_plus_floor(n, alpha, scored.fold_count)
+            return SetRule("cv+", n, quantile_rank(n, alpha), scored.by_fold(), proven=proven)
 
         return self._cached(("set", level, key, alpha), compute)
 
-    def answer_set(
-        self, keys: dict[str, str], probs: Sequence[float], base: Sequence[float], coverage: float
-    ) -> AnswerSet:
-        """The set for `coverage` (1 − α) of an answer whose probabilities are `probs` (the default's: `base`), from
-        the most specific level with enough labels."""
+    def answer_set(self, keys: dict[str, str], served: Served, coverage: float) -> AnswerSet:
+        """The set for `coverage` (1 − α) of a served answer, from the most specific level with enough labels."""
         alpha = 1.0 - coverage
         # which level speaks, from the levels' label counts alone: only that level's rule is computed
         counts = {level: self._count(level, keys[level]) for level in LEVELS}
@@ -165,10 +183,8 @@ class Decisions:
             level = settled[0] if settled else max(held, key=counts.__getitem__)
             rule = self._rule(level, keys[level], alpha)
             if rule is not None:
-                answers = answer_set(base if rule.default else probs, rule.q)
-                scores = "default" if rule.default else "feedback"
-                return AnswerSet(answers, coverage, rule.labels, level, rule.guarantee, scores)
-        return AnswerSet(list(range(len(probs))), coverage, 0, "default", "none", "none")
+                return AnswerSet(rule.answers(served), coverage, rule.labels, level, rule.guarantee, rule.proven)
+        return AnswerSet(list(range(len(served.probs))), coverage, 0, "default", "none")
 
     def _count(self, level: str, key: str) -> int:
         """The fair labels a level holds, counted once per label count. A rule's labels are this count, or the
@@ -186,13 +202,13 @@ class Decisions:
 
         return self._cached(("certify", level, key, target), compute)
 
-    def selective(self, keys: dict[str, str], confidence: float, min_accuracy: float) -> Selective:
-        """Whether an answer of this `confidence` abstains: not where the most specific level with enough labels
-        certifies a threshold at or below it."""
+    def selective(self, keys: dict[str, str], top_probability: float, min_accuracy: float) -> Selective:
+        """Whether an answer whose top probability (the one shown) is `top_probability` abstains: not where the most
+        specific level with enough labels certifies a threshold at or below it."""
         for level in LEVELS:
             certificate, n = self._certificate(level, keys[level], min_accuracy)
             if n >= CERTIFY_MIN_LABELS:
-                keep = certificate is not None and confidence >= certificate.confidence - 1e-12
+                keep = certificate is not None and top_probability >= certificate.confidence - 1e-12
                 return Selective(not keep, level, certificate)
         return Selective(True, "default", None)
 
@@ -200,31 +216,32 @@ class Decisions:
 def hand_over(
     question: Question,
     answer: Answer,
-    probs: Sequence[float],
-    base: Sequence[float],
+    served: Served,
     keys: dict[str, str] | None,
     decisions: Decisions | None,
     handover: Handover,
 ) -> Answer:
-    """`answer` (probabilities `probs`; the default's `base`) with what `handover` asks: its set (`x_set`) and
-    whether it abstains (`x_abstain`, `x_threshold`). Without `decisions` (no labels: no feedback database, or a
-    request answered by another calibration than the one labels were scored under) the set is every answer and
-    every answer abstains, and they say so."""
+    """`answer` (the served answer `served` typed) with what `handover` asks: its set (`x_set`) and whether it
+    abstains (`x_abstain`, `x_threshold`, which names the answer it certifies: the top answer shown). Without
+    `decisions` (no labels: no feedback database, or a request answered by another calibration than the one labels
+    were scored under) the set is every answer and every answer abstains, and they say so."""
     extras = dict(answer.extras)
+    names = question.answer_keys()
+    probs = served.probs
     if handover.coverage is not None:
         chosen = (
-            decisions.answer_set(keys, probs, base, handover.coverage)
+            decisions.answer_set(keys, served, handover.coverage)
             if decisions is not None and keys is not None
-            else AnswerSet(list(range(len(probs))), handover.coverage, 0, "default", "none", "none")
+            else AnswerSet(list(range(len(probs))), handover.coverage, 0, "default", "none")
         )
-        extras["set"] = chosen.to_wire(question.answer_keys())
+        extras["set"] = chosen.to_wire(names)
     if handover.min_accuracy is not None:
-        confidence = max(probs)
+        top = max(range(len(probs)), key=probs.__getitem__)
         selective = (
-            decisions.selective(keys, confidence, handover.min_accuracy)
+            decisions.selective(keys, probs[top], handover.min_accuracy)
             if decisions is not None and keys is not None
             else Selective(True, "default", None)
         )
         extras["abstain"] = selective.abstain
-        extras["threshold"] = selective.threshold_wire()
+        extras["threshold"] = selective.threshold_wire(names[top])
     return dataclasses.replace(answer, extras=extras)

@@ -4,13 +4,15 @@
     levels = feedback.post(questions, reading, gold, feedback_id)   # labels stored, then every new label learned
     feedback.report()                                               # per question family: is it honest?
 
-`FeedbackCalibrator` (method "feedback") is the decider's default calibrator, `base`, with what the learner
-(`typedlm.calibrate.learning`) has fitted for the question on top, and on that the readout learned from the reads'
-features where one has earned its place (`typedlm.calibrate.readout`). An answer whose question has no labels at any
-level is the base's answer, unchanged; one that used labels says so, and which readout it used:
-`"x_feedback": {"level": "family", "labels": 37, "readout": "calibrated"}` ("learned": the learned readout too).
+`FeedbackCalibrator` (method "feedback") is the decider's default calibrator, `base`, with what the labels taught on
+top: the mean of the fold models (`typedlm.calibrate.out_of_fold`), each the learner (`typedlm.calibrate.learning`)
+fitted on the labels outside its fold and the readouts learned from those labels' features where one has earned its
+place (`typedlm.calibrate.readout`). The answer shown, its set and its certificate all come from those fold models
+(`typedlm.calibrate.decisions`). An answer whose question has no labels at any level is the base's answer,
+unchanged; one that used labels says so, and whether a learned readout read it (in any fold):
+`"x_feedback": {"level": "family", "labels": 37, "readout": "calibrated"}` ("learned": a learned readout too).
 
-`Feedback` keeps the learner in step with the store (`typedlm.store.feedback`): every label is written to the store
+`Feedback` keeps the fold models in step with the store (`typedlm.store.feedback`): every label is written to the store
 first and learned from the store (`sync`, the labels after the last id seen), so labels posted to another process on
 the same file (a replica) are learned the same way, within `POLL_S` by a poll thread. A label keeps what the model
 read (masses, priors, label lengths), never re-read: a refit needs no model. Labels are learned only where they
@@ -30,10 +32,9 @@ import numpy as np
 from typedlm.calibrate.calibrators import Calibrator, wire_probs
 from typedlm.calibrate.decisions import Decisions, hand_over
 from typedlm.calibrate.guarantees import THRESHOLDS, Scored, automated_share, certify, split_quantile
-from typedlm.calibrate.learning import LEVELS, Learner, Sample, Used, question_keys
-from typedlm.calibrate.out_of_fold import OutOfFold
+from typedlm.calibrate.learning import Learner, Sample, question_keys
+from typedlm.calibrate.out_of_fold import OutOfFold, Served
 from typedlm.calibrate.projection import FEATURES_VERSION, decode, encode
-from typedlm.calibrate.readout import Readouts
 from typedlm.calibrate.reads import Reads
 from typedlm.calibrate.reliability import ece, floor_eces, reliability
 from typedlm.core.answers import Answer
@@ -62,17 +63,17 @@ def disagreement(answer: Answer) -> float:
 
 
 class FeedbackCalibrator:
-    """`base` with the learned calibration of each question on top (see the module)."""
+    """`base` with what the labels taught on top: the fold models' mean (see the module)."""
 
     method = CalibrationMethod.FEEDBACK
 
-    def __init__(self, base: Calibrator, learner: Learner, prompt_version: str):
+    def __init__(self, base: Calibrator, prompt_version: str, out_of_fold: OutOfFold | None = None):
         self.base = base
-        self.learner = learner
         self.prompt_version = prompt_version
-        self.out_of_fold = OutOfFold()  # every label scored by a learner that never saw it: the guarantees' data
+        # the served model: fold models that each never saw one fold of the labels, whose scores of those labels
+        # are the guarantees' data, and whose mean is every answer shown
+        self.out_of_fold = out_of_fold or OutOfFold()
         self.decisions = Decisions(self.out_of_fold)
-        self.readouts = Readouts()  # what labels teach beyond calibration, from the reads' features
 
     @property
     def needs_prior(self) -> bool:
@@ -86,33 +87,35 @@ class FeedbackCalibrator:
         answer = self.base.answer(question, reads)
         return Sample(tuple(wire_probs(question, answer)), answer.raw_mass, disagreement(answer), gold)
 
-    def calibrated(
-        self, question: Question, reads: Reads, keys: dict[str, str] | None = None
-    ) -> tuple[Answer, list[float], Used | None]:
-        """The base's answer, and its probabilities through the learner with the level they used (None: none);
-        `keys`: the question's, where already known."""
+    def served(
+        self, question: Question, reads: Reads, keys: dict[str, str] | None = None, readouts: bool = True
+    ) -> tuple[Answer, Served]:
+        """The base's answer, and the fold models' answers for it (`OutOfFold.answer`; without `readouts`, their
+        learners' alone); `keys`: the question's, where already known."""
         base = self.base.answer(question, reads)
-        probs, used = self.learner.calibrate(
-            keys or self.keys(question), wire_probs(question, base), base.raw_mass, disagreement(base)
+        served = self.out_of_fold.answer(
+            keys or self.keys(question),
+            question.kind,
+            wire_probs(question, base),
+            base.raw_mass,
+            disagreement(base),
+            reads.features if readouts else None,
         )
-        return base, probs, used
+        return base, served
 
     def answer(self, question: Question, reads: Reads) -> Answer:
-        keys = self.keys(question)
-        base, probs, used = self.calibrated(question, reads, keys)
-        if used is None:
+        base, served = self.served(question, reads)
+        if served.used is None:
             return base
-        probs, readout = self.readouts.apply(keys, question.kind, probs, reads.features)
-        feedback = {**used.to_wire(), "readout": "calibrated" if readout is None else "learned"}
-        return question.answer(probs, base.raw_mass, {**base.extras, "feedback": feedback})
+        feedback = {**served.used.to_wire(), "readout": "learned" if served.readouts else "calibrated"}
+        return question.answer(served.probs, base.raw_mass, {**base.extras, "feedback": feedback})
 
     def hand_over(self, question: Question, reads: Reads, answer: Answer, handover: Handover) -> Answer:
-        """`answer` with its set and abstention, from the question's fair labels scored out of fold. The sets and
-        thresholds are those of the calibrated probabilities, which the labels were scored by (a learned readout's
-        answer is not what they measured)."""
-        base, probs, _ = self.calibrated(question, reads)
-        base_probs = wire_probs(question, base)
-        return hand_over(question, answer, probs, base_probs, self.keys(question), self.decisions, handover)
+        """`answer` with its set and abstention, from the question's fair labels as the fold models scored them,
+        applied to the fold models' answers that `answer` shows."""
+        keys = self.keys(question)
+        _, served = self.served(question, reads, keys)
+        return hand_over(question, answer, served, keys, self.decisions, handover)
 
     def reported(self, answers: Iterable[Answer]) -> CalibrationMethod:
         """Feedback where any answer used what was learned; else every answer is the base's, and says so."""
@@ -121,11 +124,11 @@ class FeedbackCalibrator:
     def in_force(self, question: Question) -> dict[str, Any]:
         """The most specific level with labels for `question`, and their count ("default", 0: none)."""
         keys = self.keys(question)
-        learned = self.readouts.fit_for(keys, question.kind, question.size) is not None
-        for level in LEVELS:
-            if labels := self.learner.labels(level, keys[level]):
-                return {"level": level, "labels": labels, "readout": "learned" if learned else "calibrated"}
-        return {"level": "default", "labels": 0}
+        used = self.out_of_fold.used(keys)
+        if used is None:
+            return {"level": "default", "labels": 0}
+        learned = self.out_of_fold.learned_readout(keys, question.kind, question.size)
+        return {**used.to_wire(), "readout": "learned" if learned else "calibrated"}
 
 
 class Feedback:
@@ -169,22 +172,18 @@ class Feedback:
         with self._lock:
             total = 0
             while labels := self._stored(after=self.last_id, limit=SYNC_ROWS):
-                labeled, scored, featured = [], [], []
+                labeled = []
                 for label in labels:
                     item = self._labeled(label)
                     if item is None:
                         self.skipped += 1
                         continue
-                    labeled.append(item)
-                    featured.append((*item, _features(label)))
-                    scored.append((label.id, *item, label.sample == "random"))
+                    labeled.append((label.id, *item, _features(label), label.sample == "random"))
                     self.families[label.family] = self.families.get(label.family, 0) + 1
                     self.described.setdefault(
                         label.family, {"kind": label.kind, "instructions": label.question.get("instructions")}
                     )
-                self.calibrator.learner.add(labeled)
-                self.calibrator.readouts.add(self.calibrator.learner, featured)
-                self.calibrator.out_of_fold.add(scored)
+                self.calibrator.out_of_fold.add(labeled)
                 self.last_id = labels[-1].id
                 self.learned += len(labeled)
                 total += len(labels)
@@ -233,15 +232,23 @@ class Feedback:
         self.sync()
         return len(stored or ()), {qid: self.calibrator.in_force(questions[qid]) for qid in gold}
 
+    def settle(self) -> None:
+        """Return once every label stored so far is learned, readouts included (they learn on a thread of their
+        own: `OutOfFold`); for a batch job or a test that reads answers right after posting."""
+        self.sync()
+        self.calibrator.out_of_fold.settle()
+
     def stats(self) -> dict[str, float]:
-        """Labels learned from the store, those that cannot be (see `sync`), the samples the learner holds (its
-        latest) and their bytes, and the learned readouts in force and the bytes of the labels they hold."""
-        learner, readouts = self.calibrator.learner, self.calibrator.readouts
+        """Labels learned from the store, those that cannot be (see `sync`), the samples the fold learners hold
+        (their latest) and the bytes of those and of the fair labels' records, and the learned readouts in force
+        (levels where any fold has one) and the bytes of the labels they hold."""
+        folds = self.calibrator.out_of_fold
+        readouts = folds.readouts
         return {
             "labels": self.learned,
             "not_learned": self.skipped,
-            "held": learner.held,
-            "bytes": learner.nbytes,
+            "held": folds.held,
+            "bytes": folds.nbytes,
             "readouts": len(readouts.snapshot),
             "readout_bytes": readouts.held_bytes,
         }
@@ -250,7 +257,7 @@ class Feedback:
 
     def start(self) -> None:
         """Learn what is stored now, then poll every `poll_s` for labels other processes store; the out-of-fold
-        learners learn on a thread of their own (`OutOfFold.start`)."""
+        models' readouts learn on a thread of their own (`OutOfFold.start`)."""
         self.sync()
         self.calibrator.out_of_fold.start()
         if self._thread is None and self.poll_s > 0:

@@ -39,22 +39,26 @@ THRESHOLDS = tuple(round(0.99 - 0.01 * i, 2) for i in range(50))  # 0.99 down to
 
 @dataclass(frozen=True)
 class Scored:
-    """A level's fair labels as calibrators that did not see them answered them, oldest first: each label's score
-    1 − p(gold) [n], its top answer's confidence [n] and whether that answer was right [n]."""
+    """A level's fair labels as the fold models that did not see them answered them, oldest first: each label's
+    score 1 − p(gold) [n], its top answer's probability [n] and whether that answer was right [n], every answer's
+    probability, and each label's fold [n] (of `fold_count`)."""
 
     scores: np.ndarray
     confidence: np.ndarray
     correct: np.ndarray
     answers: np.ndarray  # every answer's probability of every label, one label after another [Σ answers]
-    default_scores: np.ndarray  # the default calibration's 1 − p(gold) [n]: no fit, so never seen either
-    default_answers: np.ndarray  # the default's `answers`
+    folds: np.ndarray
+    fold_count: int = 1
 
-    def mean_size(self, q: float | None, default: bool = False) -> float:
+    def mean_size(self, q: float | None) -> float:
         """The mean size of these labels' own sets at quantile q (their number of answers where q is None)."""
-        answers = self.default_answers if default else self.answers
         if q is None:
-            return len(answers) / len(self.scores)
-        return float((1.0 - answers <= q + 1e-12).sum() / len(self.scores))
+            return len(self.answers) / len(self.scores)
+        return float((1.0 - self.answers <= q + 1e-12).sum() / len(self.scores))
+
+    def by_fold(self) -> tuple[np.ndarray, ...]:
+        """Each fold's labels' scores, sorted (what `cv_plus_set` counts against)."""
+        return tuple(np.sort(self.scores[self.folds == f]) for f in range(self.fold_count))
 
     def __len__(self) -> int:
         return len(self.scores)
@@ -79,11 +83,35 @@ def split_quantile(scores: np.ndarray, alpha: float) -> float | None:
 
 
 def answer_set(probs: Sequence[float], q: float | None) -> list[int]:
-    """The indexes of the answers whose score 1 − p is within `q` (every answer where q is None). The set may be
-    empty: no answer is as likely as the labels' answers were, a case to send to a person."""
+    """The indexes of the answers whose score 1 − p is within `q`: every answer where q is None or +inf, none where
+    q is −inf (the online variant's quantile once its α_t reaches 1; `decisions` then keeps the top answer alone),
+    and possibly none for a finite q (no answer as likely as the labels' right answers were)."""
     if q is None:
         return list(range(len(probs)))
     return [i for i, p in enumerate(probs) if 1.0 - p <= q + 1e-12]
+
+
+def cv_plus_set(by_fold: np.ndarray, fold_scores: Sequence[np.ndarray], rank: int | None) -> list[int]:
+    """CV+ (Barber et al. 2021; for classification, Romano, Sesia & Candès 2020): the answers y of a new question
+    for which fewer than `rank` labels have a score below the new question's own score 1 − p_f(y) under the fold
+    model f that scored that label: y is in where Σ_f #{i in fold f: R_i < 1 − p_f(y)} < rank. `by_fold`: the new
+    answer's probabilities under each fold model [K, n]; `fold_scores`: each fold's labels' scores, sorted; `rank`:
+    ⌈(n+1)(1−α)⌉ (None: too few labels, every answer). With one model for every fold this is split conformal."""
+    n = by_fold.shape[1]
+    if rank is None:
+        return list(range(n))
+    below = np.zeros(n, dtype=np.int64)
+    for probs, scores in zip(by_fold, fold_scores, strict=True):
+        below += np.searchsorted(scores, 1.0 - probs - 1e-12, side="left")  # [n]: labels scored below each y's
+    return np.flatnonzero(below < rank).tolist()
+
+
+def cv_plus_floor(n: int, alpha: float, folds: int) -> float:
+    """The coverage CV+ is proven to give at miss rate α with n labels in `folds` folds, for any fitting method:
+    1 − 2α − min(2(1 − 1/K)/(n/K + 1), (1 − K/n)/(K + 1)) (Barber et al. 2021, for K-fold CV+). In practice it
+    covers about 1 − α (measured: docs/handover.md); this is what holds whatever the fit does."""
+    k = folds
+    return max(0.0, 1 - 2 * alpha - min(2 * (1 - 1 / k) / (n / k + 1), (1 - k / n) / (k + 1)))
 
 
 def _window_quantile(window: list[float], alpha_t: float) -> float:
@@ -160,16 +188,36 @@ def binomial_tail(n: int, k: int, p: float) -> float:
     return float(min(1.0, math.exp(top) * np.exp(terms - top).sum()))
 
 
+def clopper_pearson_lower(n: int, right: int, delta: float) -> float:
+    """The exact (Clopper-Pearson) one-sided lower bound at confidence 1 − δ on the rate of rightness behind `right`
+    of `n`: the p at which P(X ≥ right | Binomial(n, p)) = δ (0 where right is 0), by bisection."""
+    if right <= 0:
+        return 0.0
+    low, high = 0.0, 1.0
+    for _ in range(60):
+        middle = (low + high) / 2
+        if binomial_tail(n, right, middle) > delta:
+            high = middle
+        else:
+            low = middle
+    return low
+
+
 @dataclass(frozen=True)
 class Certificate:
-    """A confidence threshold certified: answers at `confidence` or above were right `right` of `labels` times, and
-    are right at least `min_accuracy` of the time with probability 1 − `delta`."""
+    """A top-probability threshold certified: answers whose top probability is `confidence` or above were right
+    `right` of `labels` times, and are right at least `min_accuracy` of the time with probability 1 − `delta`;
+    `lower_bound` is the exact lower bound at 1 − δ on their rate of rightness (at least `min_accuracy`)."""
 
     confidence: float
     labels: int
     right: int
     min_accuracy: float
     delta: float
+
+    @property
+    def lower_bound(self) -> float:
+        return clopper_pearson_lower(self.labels, self.right, self.delta)
 
 
 def certify(

@@ -1,11 +1,11 @@
 """The calibrators a decider offers, by method, resolved once from its options.
 
-    calibrators = Calibrators(content_free, file, prompt_version, length_normalised, learner, requested)
+    calibrators = Calibrators(content_free, file, prompt_version, length_normalised, out_of_fold, requested)
     calibrators.default                   # what a request without x_calibration is answered by
     calibrators.get(request.calibration)  # a request's own method (an InvalidRequest where it cannot be had)
     calibrators.fitted(file)              # another calibration file, read as this decider reads its own
 
-Raw and contextual are always there; fitted where there is a calibration file; feedback where there is a learner
+Raw and contextual are always there; fitted where there is a calibration file; feedback where there are fold models
 (a feedback database). The default is the method asked for, else feedback, else fitted, else contextual
 (`calibration.DEFAULT_CALIBRATION`). Feedback asked for where there is no database answers as the default does.
 """
@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typedlm.calibrate.calibration import DEFAULT_CALIBRATION, CalibrationFile
 from typedlm.calibrate.calibrators import Calibrator, ContextualCalibrator, FittedCalibrator, RawCalibrator
 from typedlm.calibrate.feedback import FeedbackCalibrator
-from typedlm.calibrate.learning import Learner
+from typedlm.calibrate.out_of_fold import OutOfFold
 from typedlm.core.errors import InvalidRequest
 from typedlm.core.names import CalibrationMethod
 from typedlm.core.questions import Question
@@ -33,8 +33,8 @@ class Calibrators:
 
     `content_free(versions)`: the masses of question versions on the content-free document (the contextual
     calibrator's priors); `file`: the decider's calibration file, if any; `length_normalised`: choices read by name
-    are length-normalised; `learner`: what gold answers teach, where a feedback database is open; `requested`: the
-    default method the caller asked for (None: the best there is)."""
+    are length-normalised; `out_of_fold`: the fold models that learn what gold answers teach, where a feedback
+    database is open; `requested`: the default method the caller asked for (None: the best there is)."""
 
     def __init__(
         self,
@@ -42,7 +42,7 @@ class Calibrators:
         file: CalibrationFile | None,
         prompt_version: str,
         length_normalised: bool,
-        learner: Learner | None = None,
+        out_of_fold: OutOfFold | None = None,
         requested: CalibrationMethod | None = None,
     ):
         self.prompt_version = prompt_version
@@ -59,8 +59,8 @@ class Calibrators:
         stands = best if requested in (None, CalibrationMethod.FEEDBACK) else requested
         self.default: Calibrator = self.get(stands, "--calibration")
         self.feedback: FeedbackCalibrator | None = None
-        if learner is not None:
-            self.feedback = FeedbackCalibrator(self.default, learner, prompt_version)
+        if out_of_fold is not None:
+            self.feedback = FeedbackCalibrator(self.default, prompt_version, out_of_fold)
             self.by_method[CalibrationMethod.FEEDBACK] = self.feedback
             if requested in (None, CalibrationMethod.FEEDBACK):
                 self.default = self.feedback

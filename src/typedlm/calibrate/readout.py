@@ -1,9 +1,13 @@
 """A readout learned from a question's labels: its calibrated answer corrected by a linear function of what the model
 held at the decision row (the read's features: `typedlm.calibrate.projection`), zero until labels earn it.
 
-    readouts = Readouts()
-    readouts.add(learner, labeled)                 # (keys, sample, features) per label, once the learner has them
-    probs, learned = readouts.apply(keys, kind, probs, features)
+    readouts = Readouts(folds=5)
+    readouts.add(learners, labeled)   # (id, keys, sample, features) per label, once each fold's learner has them
+    probs, learned = readouts.apply(keys, kind, probs, features, fold)   # fold `fold`'s readout
+
+Each fold f of the served model (`typedlm.calibrate.out_of_fold`) has its own readouts, learned from the labels
+outside fold f on fold f's learner's calibration of them, and chosen (or not) on those labels alone: a label's
+out-of-fold answer then went through a readout, and a choice of readout, that never saw it.
 
 The learner (`typedlm.calibrate.learning`) makes a question's probabilities honest; what is right stays what the label
 logits say. The hidden state at the decision row holds more than the label logits: a readout learns from it where
@@ -219,48 +223,63 @@ def choose(
 
 @dataclass
 class _Level:
-    """One readout level's labels (the latest), its chosen (components, λ) and when it was chosen and fitted."""
+    """One readout level's labels (the latest), each with its fold, and per fold the readout learned from the
+    labels outside it: its chosen (components, λ, temperature), and the label counts it was chosen and fitted at."""
 
     answers: int
+    folds: int
     keys: deque = field(default_factory=deque)  # each label's question keys (its learner calibration's)
     samples: deque = field(default_factory=deque)  # each label's `Sample`
     features: deque = field(default_factory=deque)  # each label's features [d] float16
-    chosen: tuple[int, float, float] | None = None  # (components, λ, temperature)
-    chosen_at: int = 0
-    fitted_at: int = 0
-    added: int = 0  # labels ever added (the latest are held)
+    fold_of: deque = field(default_factory=deque)  # each label's fold
+    chosen: list = field(default_factory=list)  # per fold: (components, λ, temperature) or None
+    chosen_at: list = field(default_factory=list)  # per fold: its labels at its last choice
+    fitted_at: list = field(default_factory=list)  # per fold: its labels at its last fit
+    added: list = field(default_factory=list)  # per fold: labels ever added outside it (it learns from the latest)
 
-    def offsets(self, learner: Learner) -> np.ndarray:
-        """Each label's calibrated log-probabilities [N, n] as the learner gives them now (grouped by question)."""
-        out = np.zeros((len(self.samples), self.answers))
+    def __post_init__(self) -> None:
+        self.chosen = [None] * self.folds
+        self.chosen_at, self.fitted_at, self.added = [0] * self.folds, [0] * self.folds, [0] * self.folds
+
+    def learns(self, fold: int, fold_of):
+        """Whether fold `fold`'s readout learns from labels of folds `fold_of` (with one fold: every label)."""
+        return (fold_of != fold) | (self.folds == 1)
+
+    def offsets(self, learner: Learner, rows: np.ndarray) -> np.ndarray:
+        """The labels at `rows`' calibrated log-probabilities [N, n] as `learner` gives them now (grouped by
+        question)."""
+        out = np.zeros((len(rows), self.answers))
         groups: dict[str, list[int]] = {}
-        for i, keys in enumerate(self.keys):
-            groups.setdefault(keys["exact"], []).append(i)
-        for rows in groups.values():
-            keys, samples = self.keys[rows[0]], [self.samples[i] for i in rows]
+        for at, i in enumerate(rows):
+            groups.setdefault(self.keys[i]["exact"], []).append(at)
+        for members in groups.values():
+            keys, samples = self.keys[rows[members[0]]], [self.samples[rows[at]] for at in members]
             probs = np.asarray([s.probs for s in samples])
             mass = np.asarray([s.mass for s in samples])
             disagreement = np.asarray([s.disagreement for s in samples])
-            out[rows] = learner.calibrate_rows(keys, probs, mass, disagreement)
+            out[members] = learner.calibrate_rows(keys, probs, mass, disagreement)
         return np.log(np.maximum(out, FLOOR))
 
-    def refit(self, learner: Learner, margin_z: float = MARGIN_Z) -> tuple[bool, ReadoutFit | None]:
-        """Choose again where the count doubled since the last choice, refit where it grew by `REFIT_SHARE`:
-        (whether it was refitted, the fit then in force: None where no readout has earned its place)."""
-        n = len(self.samples)
+    def refit(self, fold: int, learner: Learner, margin_z: float = MARGIN_Z) -> tuple[bool, ReadoutFit | None]:
+        """Fold `fold`'s readout (learned from the labels outside it, calibrated by its `learner`): chosen again
+        where its count doubled since its last choice, refitted where it grew by `REFIT_SHARE`: (whether it was
+        refitted, the fit then in force: None where no readout has earned its place)."""
+        rows = np.flatnonzero(self.learns(fold, np.asarray(self.fold_of)))
+        n, added = len(rows), self.added[fold]
         if n < MIN_READOUT_LABELS:
             return True, None
-        due_choice = self.added >= 2 * self.chosen_at
-        due_fit = self.added - self.fitted_at >= max(1, REFIT_SHARE * n)
+        due_choice = added >= 2 * self.chosen_at[fold]
+        due_fit = added - self.fitted_at[fold] >= max(1, REFIT_SHARE * n)
         if not (due_choice or due_fit):
             return False, None
-        offsets = self.offsets(learner)
-        features = np.asarray(self.features, dtype=np.float64)
-        gold = np.asarray([s.gold for s in self.samples])
+        offsets = self.offsets(learner, rows)
+        features = np.asarray([self.features[i] for i in rows], dtype=np.float64)
+        gold = np.asarray([self.samples[i].gold for i in rows])
         if due_choice:
-            self.chosen, self.chosen_at = choose(offsets, features, gold, margin_z), self.added
-        self.fitted_at = self.added
-        return True, None if self.chosen is None else ReadoutFit.fit(offsets, features, gold, *self.chosen)
+            self.chosen[fold], self.chosen_at[fold] = choose(offsets, features, gold, margin_z), added
+        self.fitted_at[fold] = added
+        chosen = self.chosen[fold]
+        return True, None if chosen is None else ReadoutFit.fit(offsets, features, gold, *chosen)
 
 
 def _bytes(sample: Sample, features: np.ndarray) -> int:
@@ -268,34 +287,46 @@ def _bytes(sample: Sample, features: np.ndarray) -> int:
 
 
 class Readouts:
-    """Every readout level's labels and fits. `add` (one writer at a time) refits the levels its labels touch and
-    publishes a new snapshot; `apply` (any thread) reads the snapshot it finds."""
+    """Every readout level's labels, and per level and fold the readout learned from the labels outside the fold
+    (`typedlm.calibrate.out_of_fold`: each fold's model is its learner, then its readout). `add` (one writer at a
+    time) refits, for every fold, the levels its labels touch and publishes a new snapshot; `apply` (any thread)
+    reads the snapshot it finds."""
 
-    def __init__(self, max_bytes: int = MAX_READOUT_BYTES, margin_z: float = MARGIN_Z):
+    def __init__(self, folds: int = 1, max_bytes: int = MAX_READOUT_BYTES, margin_z: float = MARGIN_Z):
+        self.folds = folds
         self.max_bytes = max_bytes
         self.margin_z = margin_z  # `choose`'s margin (the simulations compare others)
         self.held_bytes = 0
         self.levels: dict[tuple[str, str], _Level] = {}
-        self.snapshot: dict[tuple[str, str], ReadoutFit] = {}
+        self.snapshot: dict[tuple[str, str], tuple[ReadoutFit | None, ...]] = {}  # per level: each fold's fit
         self._lock = threading.Lock()
 
-    def add(self, learner: Learner, labeled: Iterable[tuple[dict[str, str], Sample, np.ndarray | None]]) -> None:
-        """Labels with features (those without are passed over), after `learner` has learned them: each level they
-        touch refitted on the learner's calibration of its labels (see the module)."""
+    def add(
+        self,
+        learners: Sequence[Learner],
+        labeled: Iterable[tuple[int, dict[str, str], Sample, np.ndarray | None]],
+    ) -> None:
+        """Labels (each its id, whose remainder modulo the folds is its fold, its question's keys, its sample and
+        its features; those without features are passed over), after fold f's learner `learners[f]` has learned
+        the ones outside fold f: each level they touch refitted, per fold, on that fold's learner's calibration of
+        the labels outside it (see the module)."""
+        assert len(learners) == self.folds, "one learner per fold"
         with self._lock:
             touched = set()
-            for keys, sample, features in labeled:
+            for label_id, keys, sample, features in labeled:
                 if features is None:
                     continue
                 stored = np.asarray(features, dtype=np.float16)
                 for key in readout_keys(keys, keys["kind"], len(sample.probs)):
-                    level = self.levels.setdefault(key, _Level(len(sample.probs)))
+                    level = self.levels.setdefault(key, _Level(len(sample.probs), self.folds))
                     if level.features and len(level.features[0]) != len(stored):
                         continue  # another projection's features (another model's): never mixed
                     level.keys.append(keys)
                     level.samples.append(sample)
                     level.features.append(stored)
-                    level.added += 1
+                    level.fold_of.append(label_id % self.folds)
+                    for fold in range(self.folds):
+                        level.added[fold] += bool(level.learns(fold, label_id % self.folds))
                     self.held_bytes += _bytes(sample, stored)
                     if len(level.samples) > MAX_READOUT_LABELS:
                         self._drop_oldest(level)
@@ -304,29 +335,45 @@ class Readouts:
                 self._drop_oldest(max(self.levels.values(), key=lambda level: len(level.samples)))
             snapshot = dict(self.snapshot)
             for key in touched:
-                refitted, fitted = self.levels[key].refit(learner, self.margin_z)
-                if refitted and fitted is None:
+                fits = list(snapshot.get(key, (None,) * self.folds))
+                for fold, learner in enumerate(learners):
+                    refitted, fitted = self.levels[key].refit(fold, learner, self.margin_z)
+                    if refitted:
+                        fits[fold] = fitted
+                if any(fit is not None for fit in fits):
+                    snapshot[key] = tuple(fits)
+                else:
                     snapshot.pop(key, None)
-                elif refitted:
-                    snapshot[key] = fitted
             self.snapshot = snapshot
 
     def _drop_oldest(self, level: _Level) -> None:
         sample, features = level.samples.popleft(), level.features.popleft()
         level.keys.popleft()
+        level.fold_of.popleft()
         self.held_bytes -= _bytes(sample, features)
 
-    def fit_for(self, keys: dict[str, str], kind: str, answers: int) -> ReadoutFit | None:
-        """The question's readout in force: its most specific level's that has one (None: none has)."""
+    def fits_for(self, keys: dict[str, str], kind: str, answers: int) -> tuple[ReadoutFit | None, ...] | None:
+        """The question's readouts in force, one per fold (None where that fold has none): its most specific
+        level's where any fold has one (None: no level has)."""
         snapshot = self.snapshot
         return next((snapshot[k] for k in readout_keys(keys, kind, answers) if k in snapshot), None)
 
+    def fit_for(self, keys: dict[str, str], kind: str, answers: int, fold: int = 0) -> ReadoutFit | None:
+        """Fold `fold`'s readout in force for the question (None: none)."""
+        fits = self.fits_for(keys, kind, answers)
+        return None if fits is None else fits[fold]
+
     def apply(
-        self, keys: dict[str, str], kind: str, probs: Sequence[float], features: np.ndarray | None
+        self,
+        keys: dict[str, str],
+        kind: str,
+        probs: Sequence[float],
+        features: np.ndarray | None,
+        fold: int = 0,
     ) -> tuple[list[float], ReadoutFit | None]:
-        """`probs` (calibrated) through the question's learned readout where one is in force and the read has
-        features; else unchanged, and None."""
-        fitted = None if features is None else self.fit_for(keys, kind, len(probs))
+        """`probs` (calibrated by fold `fold`'s learner) through that fold's learned readout where one is in force
+        and the read has features; else unchanged, and None."""
+        fitted = None if features is None else self.fit_for(keys, kind, len(probs), fold)
         if fitted is None or fitted.dims != len(features):
             return list(probs), None
         return fitted.apply(probs, features), fitted

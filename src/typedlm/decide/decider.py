@@ -25,8 +25,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from typedlm.calibrate.feedback import Feedback, feedback_needed
-from typedlm.calibrate.learning import Learner
 from typedlm.calibrate.methods import Calibrators
+from typedlm.calibrate.out_of_fold import OutOfFold
 from typedlm.calibrate.projection import Projection
 from typedlm.calibrate.reads import Reading
 from typedlm.core.answers import Response
@@ -97,7 +97,7 @@ class Decider:
             config.calibration_file,
             config.prompt_version,
             config.choice_answers == ChoiceAnswers.NAMES_PER_TOKEN,
-            Learner() if config.feedback_db is not None else None,
+            OutOfFold() if config.feedback_db is not None else None,
             config.calibration,
         )
         self.calibration = self.calibrators.default.method
