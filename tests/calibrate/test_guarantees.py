@@ -202,3 +202,15 @@ def test_sets_come_from_the_most_specific_settled_level_else_the_most_labeled():
         served = folds.answer(noul[0], "noul", [p, 1 - p], 0.9, 0.0)
         top = int(np.argmax(served.probs))
         assert top in decisions.answer_set(noul[0], served, 0.5).answers
+
+
+def test_through_the_feedback_calibrator_sets_hold_the_answer_shown_and_cover_where_the_truth_is_known():
+    """The served path on a task whose true probabilities are known (`offline.handover_check`): every set holds the
+    answer shown and every certificate names it (asserted inside), and over independent draws of labels the sets
+    cover near 1 − α with the theory's spread, a readout in force or not."""
+    from typedlm.offline.handover_check import Task, check
+
+    for task in (Task(2), Task(4, readout=True)):
+        report = check(task, draws=12, labels=100, answers_per_draw=120, seed=3)
+        assert abs(report["coverage_mean"] - 0.9) <= 0.03, report
+        assert report["coverage_sd"] <= 0.06 and report["switched_draws"] == 0, report

@@ -89,12 +89,17 @@ class Whitening:
     def full(cls, features: np.ndarray) -> Whitening:
         """Every principal component the features have (those of non-negligible spread), most spread first."""
         mean = features.mean(axis=0)
-        # the components from the Gram matrix [d, d]: cheaper than an SVD of [N, d] where N > d
-        spread2, directions = np.linalg.eigh((features - mean).T @ (features - mean))
+        centred = features - mean  # [N, d]
+        # the components from the smaller Gram matrix: [d, d] where N > d; else [N, N], whose eigenvectors u give
+        # the components' directions centredᵀ·u / √spread² (cheaper than an SVD of [N, d] either way)
+        rows = len(features) < features.shape[1]
+        spread2, vectors = np.linalg.eigh(centred @ centred.T if rows else centred.T @ centred)
         order = np.argsort(spread2)[::-1]
-        spread2, directions = np.maximum(spread2[order], 0.0), directions[:, order]
+        spread2, vectors = np.maximum(spread2[order], 0.0), vectors[:, order]
         kept = int(np.sum(spread2 > spread2[0] * 1e-8)) if len(spread2) and spread2[0] > 0 else 0
-        return cls(mean, directions[:, :kept] * (math.sqrt(len(features)) / np.sqrt(spread2[:kept])))
+        spread2 = spread2[:kept]
+        directions = centred.T @ vectors[:, :kept] / np.sqrt(spread2) if rows else vectors[:, :kept]  # [d, kept]
+        return cls(mean, directions * (math.sqrt(len(features)) / np.sqrt(spread2)))
 
     def cut(self, components: int) -> Whitening:
         """The first `components` of these."""

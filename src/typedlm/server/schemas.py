@@ -77,35 +77,45 @@ class SystemOneRequest(BaseModel):
         gt=0,
         lt=1,
         description="Each answer says whether it abstains (x_abstain): false only where its labels certify that "
-        "answers this confident are right at least this often (x_threshold).",
+        "answers whose top probability is this high are right at least this often (x_threshold).",
         examples=[0.95],
     )
 
 
 class AnswerSet(BaseModel):
     answers: list[bool | str] = Field(
-        ..., description="The set: noul true/false, choice option names, score level keys; may be empty."
+        ...,
+        description="The set: noul true/false, choice option names, score level keys; never empty: the top answer "
+        "shown is always in it.",
     )
     coverage: float = Field(..., description="The coverage asked for (x_coverage).")
     labels: int = Field(..., description="The fair labels the set rests on.")
     level: Literal["exact", "family", "kind", "default"] = Field(
         ..., description="Whose labels: the question's, its family's, its kind's, or none (default)."
     )
-    guaranteed: bool = Field(..., description="True where the coverage holds for this answer (split conformal).")
-    guarantee: Literal["finite-sample", "long-run", "none"] = Field(
+    guaranteed: bool = Field(..., description="True where a finite-sample guarantee holds for this answer (CV+).")
+    guarantee: Literal["cv+", "long-run", "none"] = Field(
         ...,
-        description="finite-sample: split conformal, for every answer; long-run: adaptive conformal inference on a "
-        "drifting stream, on average over many answers; none: too few labels, every answer in the set.",
+        description="cv+: CV+ over the fold models that give the answer shown, for every answer (proven at "
+        "proven_coverage whatever the fit, measured near coverage: docs/handover.md); long-run: adaptive conformal "
+        "inference on a drifting stream, on average over many answers; none: too few labels, every answer in the "
+        "set.",
     )
-    scores: Literal["feedback", "default", "none"] = Field(
-        ..., description="Whose probabilities the set is read from: the learned calibration's or the default's."
+    proven_coverage: float | None = Field(
+        ..., description="cv+: the coverage CV+ is proven to give with these labels, whatever the fit; else null."
     )
 
 
 class Threshold(BaseModel):
-    confidence: float = Field(..., description="Answers at least this confident are committed.")
+    top_probability: float = Field(
+        ..., description="Answers whose top probability (as shown) is at least this are committed."
+    )
+    answer: bool | str = Field(..., description="The answer it speaks of: the top answer shown.")
     labels: int = Field(..., description="Fair labels at or above it.")
     right: int = Field(..., description="Of those, right.")
+    lower_bound: float = Field(
+        ..., description="The exact (Clopper-Pearson) lower bound at 1 - delta on those answers' rate of rightness."
+    )
     level: Literal["exact", "family", "kind"]
     min_accuracy: float
     delta: float = Field(..., description="The certificate holds with probability 1 - delta.")
