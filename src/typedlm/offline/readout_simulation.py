@@ -2,12 +2,13 @@
 (no model run).
 
 For each labeled set S, as a new user's task (as `offline.simulation`: the default fitted leave-one-set-out):
-1. S's train answers in a seeded random order; the first K are posted: learned by the server's learner, and by its
-   readouts (`typedlm.calibrate.readout`) from the same labels' features;
-2. every held-out answer through the learner alone, and through the learner and the readout in force for its
-   question (where one has earned its place: otherwise the same answer);
+1. S's train answers in a seeded random order; the first K are posted to the model a server serves from labels
+   (`typedlm.calibrate.out_of_fold`: five fold models, each a learner and its readouts from the labels' features,
+   `typedlm.calibrate.readout`);
+2. every held-out answer through the fold models' learners alone, and through them with the readouts in force for
+   its question (where one has earned its place in a fold: otherwise the same answer), each the fold models' mean;
 3. measured, for both: accuracy, log loss, ECE and its noise floor (p90), and the share of held-out answers a learned
-   readout answered. Averaged over `SEEDS` orders.
+   readout answered (in any fold). Averaged over `SEEDS` orders.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from typedlm.calibrate.learning import Learner
+from typedlm.calibrate.out_of_fold import FOLDS, OutOfFold
 from typedlm.calibrate.projection import decode
 from typedlm.calibrate.readout import MARGIN_Z, Readouts
 from typedlm.core.questions import Question
@@ -57,17 +58,18 @@ def simulate(
         for k in ks:
             calibrated_runs, readout_runs, shares = [], [], []
             for order in stream_orders(len(train), k, seeds):
-                learner, learned = Learner(), Readouts(margin_z=margin_z)
-                labeled = [(keys["train"][i], train[i]) for i in order]
-                learner.add(labeled)
-                learned.add(learner, [(key, s, train_features[i]) for i, (key, s) in zip(order, labeled)])
+                folds = OutOfFold(readouts=Readouts(FOLDS, margin_z=margin_z))
+                folds.add(
+                    (position, keys["train"][i], train[i], train_features[i], True) for position, i in enumerate(order)
+                )
+                folds.settle()
                 alone, corrected, used = [], [], 0
                 for r, key, s, features in zip(readouts[name]["held_out"], keys["held_out"], held, held_features):
-                    probs, _ = learner.calibrate(key, s.probs, s.mass, s.disagreement)
-                    better, fit = learned.apply(key, r.kind, probs, features)
-                    used += fit is not None
+                    probs = folds.answer(key, r.kind, s.probs, s.mass, s.disagreement).probs
+                    served = folds.answer(key, r.kind, s.probs, s.mass, s.disagreement, features)
+                    used += served.readouts > 0
                     alone.append(Prediction(r.kind, tuple(probs), s.gold, s.mass))
-                    corrected.append(Prediction(r.kind, tuple(better), s.gold, s.mass))
+                    corrected.append(Prediction(r.kind, tuple(served.probs), s.gold, s.mass))
                 calibrated_runs.append(summary_of(alone))
                 readout_runs.append(summary_of(corrected))
                 shares.append(used / len(held))

@@ -5,10 +5,12 @@ For each labeled set S, as a new user's task:
 1. the default: the shipped file's variant (`ShippedVariant`, its base and features per kind) fitted on every other
    set's train split, as `offline.shipped` fits it; what the user gets before any label (K = 0);
 2. the user's stream: S's train answers in a seeded random order (traffic does not arrive sorted by class); the
-   first K are posted as feedback (`typedlm.calibrate.learning.Learner`, the server's own learner, on the default's
-   probabilities, keyed by the question as the server keys it);
-3. S's held-out answers scored through the learner: accuracy, log loss, ECE, and the ECE floor (the 90th percentile
-   of what a perfectly calibrated model with those confidences would measure on that many answers).
+   first K are posted as feedback to the model a server serves from labels (`typedlm.calibrate.out_of_fold`: five
+   fold models, each the server's `Learner` fitted without one fold, on the default's probabilities, keyed by the
+   question as the server keys it);
+3. S's held-out answers scored through it (the fold models' mean, as served): accuracy, log loss, ECE, and the ECE
+   floor (the 90th percentile of what a perfectly calibrated model with those confidences would measure on that many
+   answers).
 Averaged over `SEEDS` orders. Beside it, two label-free references on the same held-out answers (`stream`): batch
 calibration (the mean probability of each answer over the family's unlabeled stream divided out) and a temperature
 predicted from the stream's statistics, fitted leave-one-set-out.
@@ -24,7 +26,8 @@ from typing import Any
 import numpy as np
 
 from typedlm.calibrate.calibration import CALIBRATOR_FEATURES
-from typedlm.calibrate.learning import Learner, Sample, question_keys
+from typedlm.calibrate.learning import Sample, question_keys
+from typedlm.calibrate.out_of_fold import OutOfFold
 from typedlm.core.names import CalibrationMethod
 from typedlm.core.questions import Question
 from typedlm.offline.fitting import fit_calibrators, fit_temperature
@@ -158,11 +161,11 @@ def simulate(
         for k in ks:
             runs = []
             for order in stream_orders(len(train), k, seeds):
-                learner = Learner()
-                learner.add((keys["train"][i], train[i]) for i in order)
+                folds = OutOfFold()
+                folds.add((position, keys["train"][i], train[i], None, True) for position, i in enumerate(order))
                 predictions = []
                 for r, key, s in zip(splits["held_out"], keys["held_out"], held, strict=True):
-                    probs, _ = learner.calibrate(key, s.probs, s.mass, s.disagreement)
+                    probs = folds.answer(key, r.kind, s.probs, s.mass, s.disagreement).probs
                     predictions.append(Prediction(r.kind, tuple(probs), s.gold, s.mass))
                 runs.append(summary_of(predictions))
             curve[k] = mean_of(runs)
