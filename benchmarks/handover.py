@@ -7,8 +7,10 @@ The embedded model on the CPU, in process (`Decider.respond`). First `--labels` 
 samples, about new documents) for every question, so every answer's set and abstention come from labels scored out
 of fold. Then each round asks one request about a new document with and without the two fields, in alternating
 order; the table gives the medians (and 90th percentiles) of both and of their difference. Timed apart: the
-handover step alone (`hand_over` of every answer of a request, cached scores), and the first request that asks for
-sets right after a post (the fold learners learning the new label on their own thread meanwhile, `OutOfFold`).
+handover step alone (`hand_over` of every answer of a request, cached scores), the calibration step alone (every
+answer of a request from its reads through the learned calibration: `answer_step_ms`), and the first request that
+asks for sets right after a post (the fold models' readouts learning the new label on their own thread meanwhile,
+`OutOfFold`).
 Ends with one JSON line and writes it to results/handover/DATE[-label].json.
 """
 
@@ -82,12 +84,17 @@ def main() -> None:
     response = decider.launch_prepared([prepared])()[0]
     calibrator = decider.calibrators.default
     handover = Handover(**{"coverage": 0.9, "min_accuracy": 0.9})
-    step = []
+    step, answering = [], []
     for _ in range(200):
         started = time.perf_counter()
         for q, answer in response.answers.items():
             calibrator.hand_over(request.questions[q], response.reading.reads[q], answer, handover)
         step.append((time.perf_counter() - started) * 1e3)
+        # the calibration step alone: every answer of one request from its reads (the learned calibration)
+        started = time.perf_counter()
+        for q in response.answers:
+            calibrator.answer(request.questions[q], response.reading.reads[q])
+        answering.append((time.perf_counter() - started) * 1e3)
     answer = decider.respond({"state": document(0), "questions": asked, **ASKED})["answers"]
     extra = [r["handover"] - r["plain"] for r in rows]
     report = {
@@ -102,16 +109,17 @@ def main() -> None:
         "extra_p90_ms": percentile(extra, 90),
         "plain_p90_ms": percentile([r["plain"] for r in rows], 90),
         "step_ms": statistics.median(step),
+        "answer_step_ms": statistics.median(answering),
         "first_after_post_ms": statistics.median(first),
         "sets": {q: a["x_set"] for q, a in answer.items()},
     }
     print(f"x_coverage + x_min_accuracy, embedded model on CPU, {args.questions} questions, {args.labels} labels each")
-    print(
-        f"{'request ms':>11} {'with ms':>8} {'extra ms':>9} {'extra p90':>10} {'step ms':>8} {'first after post':>17}"
-    )
+    print(f"{'request ms':>11} {'with ms':>8} {'extra ms':>9} {'extra p90':>10} {'step ms':>8} {'answer step':>12} "
+          f"{'first after post':>17}")  # fmt: skip
     r = report
     print(f"{r['plain_ms']:>11.1f} {r['handover_ms']:>8.1f} {r['extra_ms']:>9.2f} "
-          f"{r['extra_p90_ms']:>10.1f} {r['step_ms']:>8.3f} {r['first_after_post_ms']:>17.1f}")  # fmt: skip
+          f"{r['extra_p90_ms']:>10.1f} {r['step_ms']:>8.3f} {r['answer_step_ms']:>12.3f} "
+          f"{r['first_after_post_ms']:>17.1f}")  # fmt: skip
     path = write_report(report, output_path(args, "handover"))
     print(json.dumps(report))
     print(f"written to {path}")
