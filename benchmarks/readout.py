@@ -106,8 +106,9 @@ def main() -> None:
             calls = [lambda r=request: decider.respond(r), lambda p=post: decider.respond_feedback(p)]
             took = [timed(call) for call in (calls if i % 2 else calls[::-1])]
             extra.append(took[1] - took[0] if i % 2 else took[0] - took[1])
+        decider.feedback.settle()  # the fold models' readouts learn on a thread of their own
         many = parse_questions(questions(args.questions))
-        readouts = decider.calibrators.feedback.readouts
+        readouts = decider.calibrators.feedback.out_of_fold.readouts
         learned = readouts.snapshot
         probe = decider.decide(message(10_001)[0], many).to_wire()["answers"]
         share = sum(a.get("x_feedback", {}).get("readout") == "learned" for a in probe.values()) / len(probe)
