@@ -50,7 +50,7 @@ from typedlm.decide.answer import respond
 from typedlm.decide.by_id import post_by_id
 from typedlm.decide.config import DeciderConfig
 from typedlm.decide.prepare import CONTENT_FREE_STATE, PreparedRequest, Preparer
-from typedlm.decide.recent import RecentAnswers
+from typedlm.decide.recent import RecentAnswers, Suggestions
 from typedlm.decide.schedule import Scheduler
 from typedlm.runtime.engine import Engine
 from typedlm.runtime.interface import EngineLike
@@ -305,7 +305,7 @@ class Decider:
         if self.feedback is None:
             raise feedback_needed()
         if self.recent is None:
-            return {"object": "feedback_suggestions", "family": family, "answers": 0, "random": [], "teach": []}
+            return Suggestions(family, 0, 0).to_wire()
         return self.recent.suggest(family, n).to_wire()
 
     def respond_feedback(self, body: Any) -> dict[str, Any]:

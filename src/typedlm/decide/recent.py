@@ -90,17 +90,21 @@ class Suggestions:
 
     family: str | None
     answers: int  # answers held (of the family) that no label has named
+    drawable: int  # of them, those no earlier random draw gave: what this one was drawn from
     random: list[str] = field(default_factory=list)
     teach: list[str] = field(default_factory=list)
+    uncertainty: list[float] = field(default_factory=list)  # of each answer to teach
 
     def to_wire(self) -> dict[str, Any]:
         return {
             "object": "feedback_suggestions",
             "family": self.family,
             "answers": self.answers,
+            "drawable": self.drawable,
             "random": self.random,
             "teach": self.teach,
             "teach_by": "entropy",
+            "teach_uncertainty": self.uncertainty,
         }
 
 
@@ -236,7 +240,14 @@ class RecentAnswers:
             teach = heapq.nlargest(n, rest, key=lambda pair: pair[1].uncertainty)
             for _, held in teach:
                 held.handed_out = TEACH
-        return Suggestions(family, len(pool), [key for key, _ in drawn], [key for key, _ in teach])
+        return Suggestions(
+            family,
+            len(pool),
+            len(undrawn),
+            [key for key, _ in drawn],
+            [key for key, _ in teach],
+            [held.uncertainty for _, held in teach],
+        )
 
     def stats(self) -> dict[str, float]:
         """Answers held and their bytes, the bound, answers let go of, labeled by id, and ids not held."""

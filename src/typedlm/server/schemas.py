@@ -248,13 +248,17 @@ class FeedbackSuggestions(BaseModel):
     object: Literal["feedback_suggestions"]
     family: str | None = Field(..., description="The family asked for (null: any).")
     answers: int = Field(..., description="Answers held (of the family) that no label by id has named.")
+    drawable: int = Field(..., description="Of them, those no earlier random draw gave: what this draw was drawn from.")
     random: list[str] = Field(
         ..., description="Answer ids drawn at random: label every one, as posted (x_sample random): a fair sample."
     )
     teach: list[str] = Field(
         ..., description="Other answer ids, the most unsure: labels of these are stored chosen (never certified from)."
     )
-    teach_by: Literal["entropy"] = Field(..., description="How unsure: the entropy of the answer's probabilities.")
+    teach_by: Literal["entropy"] = Field(
+        ..., description="How unsure: the entropy of the answer's probabilities over the log of their number."
+    )
+    teach_uncertainty: list[float] = Field(..., description="Of each answer to teach: 0 sure, 1 uniform.")
 
 
 class FamilyScores(BaseModel):
