@@ -49,3 +49,13 @@ def test_each_option_reaches_the_settings(monkeypatch):
 def test_a_bad_value_is_refused_naming_its_option(argv, message):
     with pytest.raises(InvalidRequest, match=message):
         settings_from_args(build_parser().parse_args(["serve", *argv]))
+
+
+def test_the_window_of_recent_answers_reaches_the_decider(monkeypatch):
+    monkeypatch.delenv(API_KEYS_ENV, raising=False)
+    argv = ["serve", "--answer-window-mb", "3", "--answer-window-s", "60"]
+    config = served_config(settings_from_args(build_parser().parse_args(argv)))
+    assert (config.answer_window_bytes, config.answer_window_s, config.answer_origin) == (3 << 20, 60.0, None)
+    assert served_config(ServerSettings(answer_origin="r1")).answer_origin == "r1"
+    with pytest.raises(InvalidRequest, match="--answer-window-s: Input should be greater than 0"):
+        settings_from_args(build_parser().parse_args(["serve", "--answer-window-s", "0"]))

@@ -18,6 +18,7 @@ import gzip
 import importlib
 import json
 import os
+import random
 import re
 import runpy
 import signal
@@ -32,9 +33,10 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from typedlm.replicas.fanout import merge_health, merge_metrics
+from typedlm.core.labeling import answer_id
+from typedlm.replicas.fanout import merge_health, merge_metrics, merge_suggestions
 from typedlm.replicas.forwarding import Forwarded, app_path, run_asgi
-from typedlm.replicas.keys import document_key
+from typedlm.replicas.keys import document_key, request_keys
 
 LIMIT = 8 << 20
 QUESTIONS = {"ok": {"type": "noul", "instructions": "Is the customer happy?"}}
@@ -127,6 +129,46 @@ def test_requests_on_one_document_share_a_key_and_others_do_not():
     assert document_key("/v1/systemone", "gzip", b"not gzip", LIMIT) is None
     assert document_key("/v1/chat/completions", "", b"[]", LIMIT) is None
     assert document_key("/v1/models", "", b"", LIMIT) is None
+
+
+def test_a_label_by_id_is_routed_to_the_replica_that_gave_its_answer():
+    one, two, alone = answer_id("aaaa1111"), answer_id("bbbb2222"), answer_id()
+
+    def keys(body, path="/v1/systemone/feedback"):
+        return request_keys(path, "", _json(body), LIMIT)
+
+    assert keys({"x_id": one, "gold": True}).origins == ("aaaa1111",)
+    listed = keys({"labels": [{"x_id": one, "gold": True}, {"x_id": two}, {"x_id": one}, "junk"]})
+    assert listed.origins == ("aaaa1111", "bbbb2222") and listed.listed
+    with_state = keys({"state": "hi", "questions": QUESTIONS, "gold": {"ok": True}, "x_ids": {"ok": two}})
+    assert with_state.origins == ("bbbb2222",) and not with_state.listed and with_state.document is not None
+    assert keys({"x_id": alone, "gold": True}).origins == ()  # one server's id: any replica
+    assert keys({"x_id": 5, "gold": True}).origins == () and keys([one]).origins == ()
+    assert keys({"x_id": one, "gold": True}, path="/v1/systemone").origins == ()
+
+
+def test_suggestions_of_every_replica_are_one_fair_draw_and_the_most_unsure_of_all():
+    """Replica a holds 30 answers to draw, b 10: of 4,000 merged draws of 4, each answer is drawn 400 ± 4 binomial
+    sds times, wherever it is held. The answers to teach are the most unsure of both."""
+    rng = random.Random(5)
+    pools = {"a": [f"a{i}" for i in range(30)], "b": [f"b{i}" for i in range(10)]}
+    counts = dict.fromkeys(pools["a"] + pools["b"], 0)
+    for _ in range(4000):
+        replies = [
+            {"object": "feedback_suggestions", "family": None, "answers": len(pool), "drawable": len(pool),
+             "random": rng.sample(pool, 4), "teach": [], "teach_by": "entropy", "teach_uncertainty": []}
+            for pool in pools.values()
+        ]  # fmt: skip
+        merged = merge_suggestions(replies, 4, rng)
+        assert len(merged["random"]) == len(set(merged["random"])) == 4 and merged["drawable"] == 40
+        for key in merged["random"]:
+            counts[key] += 1
+    sd = (4000 * 0.1 * 0.9) ** 0.5
+    assert all(abs(count - 400) < 4 * sd for count in counts.values()), counts
+    replies[0] |= {"teach": ["a1", "a2"], "teach_uncertainty": [0.9, 0.5]}
+    replies[1] |= {"teach": ["b1", "b2"], "teach_uncertainty": [0.95, 0.7]}
+    merged = merge_suggestions(replies, 3, rng)
+    assert merged["teach"] == ["b1", "a1", "b2"] and merged["teach_uncertainty"] == [0.95, 0.9, 0.7]
 
 
 def test_health_sums_the_replicas_counters_and_keeps_each():
@@ -377,3 +419,36 @@ def test_feedback_posted_to_one_replica_is_used_by_both(replicas_url):
         answer = reply.json()["answers"]["delivery"]
         assert answer["x_feedback"] == {"level": "exact", "labels": 3, "readout": "calibrated"}
         assert answer["x_set"]["labels"] >= 3 and answer["x_set"]["guaranteed"] is True
+
+
+def test_labels_by_id_reach_the_replica_that_holds_their_answers(replicas_url):
+    """Answers on new documents land on both replicas; a label by id, sent to the ingress, is stored by the replica
+    that gave the answer (any other would answer 404); a list naming answers of both replicas is refused, naming
+    them; what to label next is asked of both. After the feedback test: its answers stay as it measures them."""
+    question = {"type": "choice", "instructions": "Which product is it about?", "criteria": {"app": None, "web": None}}
+    ids = []
+    for i in range(8):
+        body = {"state": f"Case {i}: the {'app' if i % 2 else 'website'} logs me out.", "questions": {"p": question}}
+        reply = httpx.post(f"{replicas_url}/v1/systemone", json=body, headers=AUTH, timeout=120)
+        assert reply.status_code == 200, reply.text
+        ids.append(reply.json()["answers"]["p"]["x_id"])
+    origins = {key.split(".")[0] for key in ids}
+    assert len(origins) == 2, ids  # the router spreads new documents over the replicas
+    health = httpx.get(f"{replicas_url}/health", timeout=30).json()
+    assert origins == {replica["replica"] for replica in health["replicas"]}  # each id names its replica
+    by_origin = {origin: [key for key in ids if key.startswith(origin)] for origin in origins}
+    both = [{"x_id": keys[0], "gold": "app"} for keys in by_origin.values()]
+    refused = httpx.post(f"{replicas_url}/v1/systemone/feedback", json={"labels": both}, headers=AUTH, timeout=60)
+    assert refused.status_code == 422 and refused.json()["detail"][0]["loc"] == ["body", "labels"]
+    suggested = httpx.get(f"{replicas_url}/v1/systemone/feedback/suggest", params={"n": 3}, headers=AUTH).json()
+    assert suggested["answers"] >= 8 and len(suggested["random"]) == 3
+    # to teach: the rest of each replica's answers after its own draw of 3 (3 or more of the 8 at one of them)
+    assert 0 < len(suggested["teach"]) <= 3 and not set(suggested["teach"]) & set(suggested["random"])
+    for key in ids:
+        labels = {"x_id": key, "gold": "web"}
+        reply = httpx.post(f"{replicas_url}/v1/systemone/feedback", json=labels, headers=AUTH, timeout=60)
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["x_feedback_stored"] == 1
+    health = httpx.get(f"{replicas_url}/health", timeout=30).json()
+    assert sum(replica["answer_window"]["labeled_by_id"] for replica in health["replicas"]) == 8
+    assert httpx.get(f"{replicas_url}/v1/systemone/feedback/suggest").status_code == 401  # the key, as each replica

@@ -4,6 +4,7 @@ Every error a caller can provoke is a `TypedLMError`. `InvalidRequest` (and its 
 `LimitExceeded`) mean "the input is wrong, change it"; the HTTP layer maps them to 4xx in one place.
 `ModelError` means the model or its tokenizer cannot be served the way typedlm reads answers.
 `StoreError` means the feedback database cannot be opened, read or written as typedlm keeps it.
+`AnswerNotHeld` means a label names an answer id the server no longer holds (or never gave).
 """
 
 from __future__ import annotations
@@ -45,3 +46,24 @@ class ModelError(TypedLMError):
 
 class StoreError(TypedLMError):
     """The feedback database cannot be opened or is not one typedlm wrote, or a file to import is not labels."""
+
+
+class AnswerNotHeld(TypedLMError):
+    """A label names an answer id that this server does not hold (never given, or let go of: its window of recent
+    answers is bounded in bytes and time).
+
+    Args:
+        answer_ids: the ids not held, in the post's order.
+    """
+
+    def __init__(self, answer_ids: tuple[str, ...] | list[str]):
+        self.answer_ids = tuple(answer_ids)
+        named = ", ".join(repr(answer_id) for answer_id in self.answer_ids[:10])
+        more = f" and {len(self.answer_ids) - 10} more" if len(self.answer_ids) > 10 else ""
+        super().__init__(
+            f"no answer with x_id {named}{more} is held here: recent answers are kept for a while and up to a size "
+            "(--answer-window-s, --answer-window-mb); post the state, the questions and the gold answers instead"
+        )
+
+    def __reduce__(self):  # pickled whole (an error from the model's own process)
+        return type(self), (self.answer_ids,)

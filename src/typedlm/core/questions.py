@@ -356,6 +356,15 @@ def parse_feedback(body: Any) -> FeedbackRequest:
             indexes[qid] = question.gold_index(answer)
         except ValueError as exc:
             raise InvalidRequest(f"a {question.kind} question's gold answer must be {exc}", ("gold", qid)) from None
+    return FeedbackRequest(request, indexes, *parse_post_options(body))
+
+
+def parse_post_options(body: Mapping[str, Any]) -> tuple[str | None, str]:
+    """A feedback post's `x_feedback_id` (None: absent) and `x_sample` ("random" where absent), whatever its form.
+
+    Raises:
+        InvalidRequest: naming the field that is wrong.
+    """
     feedback_id = body.get("x_feedback_id")
     if feedback_id is not None and (
         not isinstance(feedback_id, str) or not 0 < len(feedback_id) <= MAX_FEEDBACK_ID_CHARS
@@ -370,4 +379,4 @@ def parse_feedback(body: Any) -> FeedbackRequest:
             '"chosen" (picked for a reason: a correction, a hard case; learned from, never counted in a guarantee)',
             ("x_sample",),
         )
-    return FeedbackRequest(request, indexes, feedback_id, sample)
+    return feedback_id, sample

@@ -26,6 +26,8 @@ API_KEYS_ENV = "TYPEDLM_API_KEYS"
 FEEDBACK_DB_ENV = "TYPEDLM_FEEDBACK_DB"
 MODEL_ENV = "TYPEDLM_MODEL"
 MAX_BATCH = 64  # requests answered by one forward, at most
+ANSWER_WINDOW_MB = 128  # recent answers held for labels by id (x_id), in MiB ...
+ANSWER_WINDOW_S = 86400.0  # ... and for at most this many seconds (a day)
 # bodies of the largest size (`max_body_bytes`) that may be arriving at once, by default: the bytes of bodies not yet
 # whole are held in the server's memory, bounded across connections by this many times the body limit (see
 # server.protocol; 64 MiB by default, against the ~70 MB the HTTP process holds at rest)
@@ -153,6 +155,20 @@ class ServerSettings(BaseModel):
         f"~/.cache/typedlm; ${FEEDBACK_DB_ENV} sets another default)",
         json_schema_extra={"metavar": "PATH"},
     )
+
+    answer_window_mb: int = Field(
+        ANSWER_WINDOW_MB,
+        ge=0,
+        description="with a feedback database: memory for recent answers held so that a label may name one by its "
+        "x_id and cost no second forward (0: none held, answers carry no x_id)",
+    )
+    answer_window_s: float = Field(
+        ANSWER_WINDOW_S,
+        gt=0,
+        description="seconds a recent answer is held for a label by its x_id (the oldest go first when the memory "
+        "is full)",
+    )
+    answer_origin: str | None = Field(None, json_schema_extra={"cli": False})  # a replica's id, in its answers' ids
 
     @field_validator("max_pending_body_bytes")
     @classmethod

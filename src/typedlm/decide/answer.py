@@ -78,4 +78,5 @@ def respond(
     if request.order_reads > 1:
         extras["order_reads"] = request.order_reads
     usage = Usage(read.input_tokens, cached_tokens=read.cached_tokens)
-    return Response(name, answers, usage, extras, reading=read if request.keep_reading else None)
+    kept = request.keep_reading or request.remember
+    return Response(name, answers, usage, extras, reading=read if kept else None)

@@ -24,7 +24,7 @@ from typedlm.core.errors import InvalidRequest
 from typedlm.core.names import CalibrationMethod, ChoiceAnswers
 from typedlm.core.options import EngineOptions
 from typedlm.core.questions import MAX_ORDER_READS
-from typedlm.core.settings import ServerSettings
+from typedlm.core.settings import ANSWER_WINDOW_MB, ANSWER_WINDOW_S, ServerSettings
 from typedlm.store.feedback import FeedbackStore
 from typedlm.text.prompt import PROMPT_VERSION, wording
 
@@ -53,6 +53,9 @@ class DeciderConfig:
     prompt_version: str | None = None  # the prompt's wording (None: the calibration file's, else PROMPT_VERSION)
     feedback_db: Path | FeedbackDB | None = None  # gold answers kept and learned from (None: none)
     feedback_poll_s: float = POLL_S  # how often the database is read for labels other processes stored
+    answer_window_bytes: int = ANSWER_WINDOW_MB << 20  # recent answers held for labels by id (0: none)
+    answer_window_s: float = ANSWER_WINDOW_S  # ... for at most this long
+    answer_origin: str | None = None  # in every answer id: the replica that gave it (None: one server)
 
     @classmethod
     def of(
@@ -96,6 +99,8 @@ class DeciderConfig:
         """Refuse values out of their ranges (`InvalidRequest`)."""
         if self.max_forward_bytes is not None and self.max_forward_bytes <= 0:
             raise InvalidRequest("the memory a request's forward may take must be positive")
+        if self.answer_window_bytes < 0 or self.answer_window_s <= 0:
+            raise InvalidRequest("the window of recent answers takes 0 bytes or more, for more than 0 seconds")
         if self.order_reads is not None and not 1 <= self.order_reads <= MAX_ORDER_READS:
             raise InvalidRequest(f"order reads must be from 1 to {MAX_ORDER_READS}")
         if self.prompt_version is not None:
@@ -162,4 +167,7 @@ def served_config(settings: ServerSettings) -> DeciderConfig:
         calibration_file=settings.calibration_file,
         order_reads=settings.order_reads,
         feedback_db=settings.feedback_db,
+        answer_window_bytes=settings.answer_window_mb << 20,
+        answer_window_s=settings.answer_window_s,
+        answer_origin=settings.answer_origin,
     )

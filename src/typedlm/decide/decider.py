@@ -22,6 +22,7 @@ What a decider is told is one `DeciderConfig`, resolved once for its model.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from typedlm.calibrate.feedback import Feedback, feedback_needed
@@ -32,6 +33,8 @@ from typedlm.calibrate.reads import Reading
 from typedlm.core.answers import Response
 from typedlm.core.bounded import BoundedCache, process_memory
 from typedlm.core.description import ModelDescription
+from typedlm.core.errors import AnswerNotHeld
+from typedlm.core.labeling import LabelsById, parse_post
 from typedlm.core.names import CalibrationMethod, ChoiceAnswers
 from typedlm.core.questions import (
     MAX_LEVELS,
@@ -41,12 +44,13 @@ from typedlm.core.questions import (
     NoulQuestion,
     Question,
     Text,
-    parse_feedback,
     parse_request,
 )
 from typedlm.decide.answer import respond
+from typedlm.decide.by_id import post_by_id
 from typedlm.decide.config import DeciderConfig
 from typedlm.decide.prepare import CONTENT_FREE_STATE, PreparedRequest, Preparer
+from typedlm.decide.recent import RecentAnswers, Suggestions
 from typedlm.decide.schedule import Scheduler
 from typedlm.runtime.engine import Engine
 from typedlm.runtime.interface import EngineLike
@@ -113,6 +117,10 @@ class Decider:
                 reading=config.choice_answers.value,
                 poll_s=config.feedback_poll_s,
             )
+        # Recent answers, held so that a label may name one by its id, where labels can be posted.
+        self.recent: RecentAnswers | None = None
+        if self.feedback is not None and config.answer_window_bytes > 0:
+            self.recent = RecentAnswers(config.answer_window_bytes, config.answer_window_s, config.answer_origin)
         # The content-free document's prefix, prefilled once and pinned (contextual calibration).
         self.scheduler.pin(self.layout.tokenize(CONTENT_FREE_STATE, [NoulQuestion()]).prefix_ids)
         if self.feedback is not None:
@@ -161,12 +169,14 @@ class Decider:
         keep_reading: bool = False,
         priors: bool = False,
         handover: Handover | None = None,
+        remember: bool = False,
     ) -> PreparedRequest:
         """A request made ready for the model (`prepare.Preparer`): every check that can refuse it is done here, so
         a batch of prepared requests fails only for reasons of the model's own. `calibration` and `order_reads`
         override the decider's defaults; `keep_reading`: its response keeps the reads (`Response.reading`), as a
         feedback post needs; `priors`: they include the content-free priors whatever the method needs; `handover`:
-        each answer's set and abstention (x_coverage, x_min_accuracy).
+        each answer's set and abstention (x_coverage, x_min_accuracy); `remember`: its answers are held for labels
+        by their ids and carry them (`x_id`), where a feedback database is open (a server's requests).
 
         Raises:
             LimitExceeded: the prompt is longer than the model or the configuration allows.
@@ -175,7 +185,7 @@ class Decider:
         method = self.calibrators.get(calibration).method
         k = order_reads or self.config.order_reads
         prepared = self.preparer.prepare(state, questions, k)
-        return PreparedRequest(prepared, method, k, keep_reading, priors, handover or Handover())
+        return PreparedRequest(prepared, method, k, keep_reading, priors, handover or Handover(), remember)
 
     def launch_prepared(self, requests: Sequence[PreparedRequest]) -> Callable[[], list[Response]]:
         """Several prepared requests answered from ONE forward (`schedule.Scheduler.launch`), each as alone,
@@ -191,19 +201,31 @@ class Decider:
 
         def responses() -> list[Response]:
             return [
-                respond(
-                    self.name,
+                self._remembered(
                     request,
-                    self.calibrators.get(request.method),
-                    masses,
-                    cached,
-                    content_free,
-                    None if rows is None else self.projection(rows),
+                    respond(
+                        self.name,
+                        request,
+                        self.calibrators.get(request.method),
+                        masses,
+                        cached,
+                        content_free,
+                        None if rows is None else self.projection(rows),
+                    ),
                 )
                 for request, (masses, cached, rows) in zip(requests, wait())
             ]
 
         return responses
+
+    def _remembered(self, request: PreparedRequest, response: Response) -> Response:
+        """`response` with its answers held and their ids, where the request asks and labels can be posted; its
+        reads only where the request keeps them."""
+        if request.remember and self.recent is not None:
+            keys = self.feedback.calibrator.keys
+            family = lambda question: keys(question)["family"]  # noqa: E731
+            response = self.recent.remember(response, request.reads.questions, request.method.value, family)
+        return response if request.keep_reading else replace(response, reading=None)
 
     def decide(
         self,
@@ -212,13 +234,16 @@ class Decider:
         calibration: CalibrationMethod | str | None = None,
         order_reads: int | None = None,
         handover: Handover | None = None,
+        remember: bool = False,
     ) -> Response:
         """Answer every question about `state` from one packed forward pass (see `prepare_request`).
 
         Returns:
             A `Response` whose answers are keyed like `questions`.
         """
-        prepared = self.prepare_request(state, questions, calibration, order_reads, handover=handover)
+        prepared = self.prepare_request(
+            state, questions, calibration, order_reads, handover=handover, remember=remember
+        )
         return self.launch_prepared([prepared])()[0]
 
     def respond(self, body: Any) -> dict[str, Any]:
@@ -253,11 +278,50 @@ class Decider:
         )
         return {**response.to_wire(), "x_feedback": in_force, "x_feedback_stored": stored}
 
-    def respond_feedback(self, body: Any) -> dict[str, Any]:
-        """A whole `/v1/systemone/feedback` body → its response body (see `record_feedback`)."""
-        posted = parse_feedback(body)
+    def label_by_id(self, posted: LabelsById) -> dict[str, Any]:
+        """A post's labels of answers by their ids, stored and learned (`Feedback.post`) from what the window of
+        recent answers held of each (no forward), as a post of the state and questions stores them; an answer handed
+        out to teach is stored "chosen" (`recent.Held.sample`). Returns the post's response body: per answer id, its
+        question id, how its label was stored and the calibration now in force for its question.
+
+        Raises:
+            InvalidRequest: no feedback database is open; a gold answer that is not one of its answer's
+                (`by_id.gold_indexes`).
+            AnswerNotHeld: naming the ids not held (nothing is stored).
+            StoreError: the database cannot be written.
+        """
         if self.feedback is None:
             raise feedback_needed()
+        if self.recent is None:  # --answer-window-mb 0
+            raise AnswerNotHeld(posted.answer_ids)
+        answers = self.recent.held(posted.answer_ids)
+        stored, labels = post_by_id(self.feedback, answers, posted)
+        self.recent.labeled(answers)
+        return {"model": self.name, "x_labels": labels, "x_feedback_stored": stored}
+
+    def suggest_labels(self, family: str | None, n: int) -> dict[str, Any]:
+        """What to label next among the recent answers (`RecentAnswers.suggest`): the body of
+        GET /v1/systemone/feedback/suggest. Raises `InvalidRequest` where no feedback database is open."""
+        if self.feedback is None:
+            raise feedback_needed()
+        if self.recent is None:
+            return Suggestions(family, 0, 0).to_wire()
+        return self.recent.suggest(family, n).to_wire()
+
+    def respond_feedback(self, body: Any) -> dict[str, Any]:
+        """A whole `/v1/systemone/feedback` body, in any of its forms (`labeling.parse_post`) → its response body:
+        by id where every answer it names is held (`label_by_id`), else its request answered again and its labels
+        stored (`record_feedback`)."""
+        posted = parse_post(body)
+        if self.feedback is None:
+            raise feedback_needed()
+        if isinstance(posted, LabelsById):
+            try:
+                return self.label_by_id(posted)
+            except AnswerNotHeld:
+                if posted.fallback is None:
+                    raise
+                posted = posted.fallback
         r = posted.request
         prepared = self.prepare_request(
             r.state, r.questions, r.calibration, r.order_reads, keep_reading=True, handover=r.handover
@@ -292,6 +356,7 @@ class Decider:
             "process": process_memory(),
             **self.engine.stats(),
             **({"feedback": self.feedback.stats()} if self.feedback is not None else {}),
+            **({"answer_window": self.recent.stats()} if self.recent is not None else {}),
         }
 
     def close(self) -> None:

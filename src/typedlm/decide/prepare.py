@@ -65,6 +65,7 @@ class PreparedRequest:
     keep_reading: bool = False
     priors: bool = False  # the reads' content-free priors are read whatever the method needs (`Decider.read`)
     handover: Handover = field(default_factory=Handover)  # each answer's set and abstention, where the request asks
+    remember: bool = False  # its answers are held for labels by id, each with its id (`recent`), where one may post
 
     @property
     def tokens(self) -> int:

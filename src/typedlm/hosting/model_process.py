@@ -14,11 +14,12 @@ and pipeline as they are in one process.
 Messages, pickled over one pipe:
 
     to the model     ("ask", id, state, questions, calibration, order_reads, handover),
-                     ("feedback", id, feedback request), ("report", id), ("close",)
+                     ("feedback", id, feedback post), ("suggest", id, family, n), ("report", id), ("close",)
     from the model   once after loading: ("ready", name, description, max_batch, stats) or ("failed", error);
-                     ("answer", id, response or feedback body or report) or ("error", id, error, stats) per
-                     request; ("timing", wait_s, run_s) per
-                     request and ("batch", requests, tokens, stats) per forward, for the metrics; ("closed",) last
+                     ("answer", id, response or feedback body or suggestions or report) or ("error", id, error,
+                     stats) per request; ("timing", wait_s, run_s) per request and ("batch", requests, tokens,
+                     stats) per forward, for the metrics; ("stats", stats) after a feedback post or a suggestion
+                     (one by answer id runs no forward); ("closed",) last
 
 `load` (no arguments → a decider) is pickled into the new process: a module-level function or a `functools.partial`
 of one. The process is spawned, not forked (the server's threads and sockets stay behind). Admission (503 past
@@ -48,7 +49,8 @@ from typedlm.core.answers import Response
 from typedlm.core.bounded import resident_bytes
 from typedlm.core.description import ModelDescription
 from typedlm.core.errors import ModelError
-from typedlm.core.questions import FeedbackRequest, Handover, Question, Text
+from typedlm.core.labeling import FeedbackPost
+from typedlm.core.questions import Handover, Question, Text
 from typedlm.core.settings import ServerSettings
 from typedlm.hosting.heap import MODEL_MMAP_THRESHOLD_BYTES, freeze_start_up_objects, return_freed_memory
 from typedlm.hosting.served import DeciderLike, InProcessModel, Stats
@@ -130,8 +132,11 @@ class ModelProcess:
     ) -> Response:
         return await self._ask("ask", state, questions, calibration, order_reads, handover)
 
-    async def feedback(self, posted: FeedbackRequest) -> dict[str, Any]:
+    async def feedback(self, posted: FeedbackPost) -> dict[str, Any]:
         return await self._ask("feedback", posted)
+
+    async def suggest_labels(self, family: str | None, n: int) -> dict[str, Any]:
+        return await self._ask("suggest", family, n)
 
     async def feedback_report(self) -> dict[str, Any]:
         return await self._ask("report")
@@ -180,6 +185,8 @@ class ModelProcess:
                 self._stats = message[3]
                 if self.on_batch is not None:
                     self.on_batch(message[1], message[2])
+            elif kind == "stats":
+                self._stats = message[1]
             elif kind == "closed":
                 return
 
@@ -263,10 +270,12 @@ def run_model_process(load: Callable[[], DeciderLike], settings: ServerSettings,
         with lock, contextlib.suppress(OSError, ValueError):  # the server gone: finish what was asked, then exit
             conn.send(message)
 
-    def reply(request_id: int, done: Future) -> None:
+    def reply(request_id: int, done: Future, counted: bool = False) -> None:
         error = done.exception()
         if error is None:
             send(("answer", request_id, done.result()))
+            if counted:  # the answers held and labeled by id: for the metrics, after the reply
+                send(("stats", model.stats()))
             return
         if error_status(error)[0] >= 500:
             logger.error("typedlm: answering a request failed", exc_info=error)  # a 500: its traceback here
@@ -274,7 +283,12 @@ def run_model_process(load: Callable[[], DeciderLike], settings: ServerSettings,
 
     model.on_timing = lambda wait_s, run_s: send(("timing", wait_s, run_s))
     model.on_batch = lambda requests, tokens: send(("batch", requests, tokens, model.stats()))
-    starts = {"ask": model.start, "feedback": model.start_feedback, "report": model.start_report}
+    starts = {
+        "ask": model.start_answer,
+        "feedback": model.start_feedback,
+        "suggest": model.start_suggestions,
+        "report": model.start_report,
+    }
     send(("ready", model.name, model.describe(), model.max_batch, model.stats()))
     while True:
         try:
@@ -290,7 +304,7 @@ def run_model_process(load: Callable[[], DeciderLike], settings: ServerSettings,
         except BaseException as exc:  # the worker refused it (closing): the request's error
             send(("error", request_id, portable(exc), model.stats()))
             continue
-        started.add_done_callback(functools.partial(reply, request_id))
+        started.add_done_callback(functools.partial(reply, request_id, counted=kind in ("feedback", "suggest")))
     model.close()  # every request asked is answered before it returns
     send(("closed",))
     conn.close()

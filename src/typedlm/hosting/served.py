@@ -5,8 +5,10 @@
 
 Either way the app sees the same surface: the model's name and description, the requests it may batch, the
 requests pending, its counters, `answer` (a request's state and questions → its `Response`, or the error it
-raised), `feedback` (a feedback post → its body: the request answered as any other, then its labels stored and
-learned off the model thread), `feedback_report` and `close`. The app sets `on_timing` and `on_batch` to its metrics.
+raised; its answers held for labels by id, each with its id, where the decider keeps feedback), `feedback` (a
+feedback post → its body: by answer id, its labels stored from the answers held, with no forward; else the request
+answered as any other, then its labels stored and learned off the model thread), `suggest_labels` (what to label
+next), `feedback_report` and `close`. The app sets `on_timing` and `on_batch` to its metrics.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from typing import Any, Protocol, runtime_checkable
 
 from typedlm.core.answers import Response
 from typedlm.core.description import ModelDescription
+from typedlm.core.errors import AnswerNotHeld
+from typedlm.core.labeling import FeedbackPost, LabelsById
 from typedlm.core.questions import FeedbackRequest, Handover, Question, Text
 from typedlm.core.settings import ServerSettings
 from typedlm.hosting.worker import ModelWorker
@@ -45,11 +49,16 @@ class DeciderLike(Protocol):
         keep_reading: bool = False,
         priors: bool = False,
         handover: Handover | None = None,
+        remember: bool = False,
     ) -> Any: ...  # a prepared request; its `tokens` are what it adds to a forward
 
     def launch_prepared(self, requests: Sequence[Any]) -> Callable[[], list[Response]]: ...
 
     def record_feedback(self, posted: FeedbackRequest, response: Response) -> dict[str, Any]: ...
+
+    def label_by_id(self, posted: LabelsById) -> dict[str, Any]: ...
+
+    def suggest_labels(self, family: str | None, n: int) -> dict[str, Any]: ...
 
     def feedback_report(self) -> dict[str, Any]: ...
 
@@ -83,7 +92,9 @@ class ServedModel(Protocol):
         handover: Handover | None = None,
     ) -> Response: ...
 
-    async def feedback(self, posted: FeedbackRequest) -> dict[str, Any]: ...
+    async def feedback(self, posted: FeedbackPost) -> dict[str, Any]: ...
+
+    async def suggest_labels(self, family: str | None, n: int) -> dict[str, Any]: ...
 
     async def feedback_report(self) -> dict[str, Any]: ...
 
@@ -139,8 +150,20 @@ class InProcessModel:
         handover: Handover | None = None,
     ) -> Response:
         return await self.worker.wait_for(
-            lambda: self.start(state, questions, calibration, order_reads, handover), self.timeout_s
+            lambda: self.start_answer(state, questions, calibration, order_reads, handover), self.timeout_s
         )
+
+    def start_answer(
+        self,
+        state: Text,
+        questions: Mapping[str, Question],
+        calibration: str | None,
+        order_reads: int | None,
+        handover: Handover | None = None,
+    ) -> Future:
+        """A request as the server asks it (`start`): its answers held for labels by id, where the decider keeps
+        feedback."""
+        return self.start(state, questions, calibration, order_reads, handover, remember=True)
 
     def start(
         self,
@@ -150,26 +173,56 @@ class InProcessModel:
         order_reads: int | None,
         handover: Handover | None = None,
         keep_reading: bool = False,
+        remember: bool = False,
     ) -> Future:
         """The request queued from any thread, with no admission or timeout (the caller's): a future of its
-        `Response`. Prepared on a host thread, then answered on the model thread, batched where the decider can."""
+        `Response`. Prepared on a host thread, then answered on the model thread, batched where the decider can;
+        `remember`: its answers held for labels by id (`Decider.prepare_request`)."""
         return self.worker.put(
             lambda: self.decider.prepare_request(
-                state, questions, calibration, order_reads, keep_reading, handover=handover
+                state, questions, calibration, order_reads, keep_reading, handover=handover, remember=remember
             ),
             self.decider.launch_prepared,
             lambda prepared: prepared.tokens,
         )
 
-    async def feedback(self, posted: FeedbackRequest) -> dict[str, Any]:
+    async def feedback(self, posted: FeedbackPost) -> dict[str, Any]:
         return await self.worker.wait_for(lambda: self.start_feedback(posted), self.timeout_s)
+
+    async def suggest_labels(self, family: str | None, n: int) -> dict[str, Any]:
+        return await asyncio.wrap_future(self.start_suggestions(family, n))
 
     async def feedback_report(self) -> dict[str, Any]:
         return await asyncio.wrap_future(self.start_report())
 
-    def start_feedback(self, posted: FeedbackRequest) -> Future:
-        """A feedback post queued from any thread: its request answered like any other (same queue, same batches,
-        its reads kept), then its labels stored and learned on the feedback thread. A future of its body."""
+    def start_feedback(self, posted: FeedbackPost) -> Future:
+        """A feedback post queued from any thread. By answer id: its labels stored and learned on the feedback
+        thread from the answers held (no forward); where an id is not held and the post sent its state and
+        questions too, and for a post of old, its request answered like any other (same queue, same batches, its
+        reads kept), then its labels stored and learned on the feedback thread. A future of its body."""
+        if not isinstance(posted, LabelsById):
+            return self._answer_and_record(posted)
+        done: Future = Future()
+
+        def by_id() -> dict[str, Any] | None:
+            try:
+                return self.decider.label_by_id(posted)
+            except AnswerNotHeld:
+                if posted.fallback is None:
+                    raise
+                return None  # answered again below
+
+        def then(labeled: Future) -> None:
+            if labeled.exception() is not None or labeled.result() is not None:
+                _chain(labeled, done)
+            else:
+                self._answer_and_record(posted.fallback).add_done_callback(lambda f: _chain(f, done))
+
+        self.feedback_thread.submit(by_id).add_done_callback(then)
+        return done
+
+    def _answer_and_record(self, posted: FeedbackRequest) -> Future:
+        """A post of old: its request answered, its reads kept, then its labels stored on the feedback thread."""
         request = posted.request
         answered = self.start(
             request.state, request.questions, request.calibration, request.order_reads, request.handover, True
@@ -185,6 +238,10 @@ class InProcessModel:
 
         answered.add_done_callback(record)
         return done
+
+    def start_suggestions(self, family: str | None, n: int) -> Future:
+        """What to label next (`Decider.suggest_labels`), on the feedback thread: a future of its body."""
+        return self.feedback_thread.submit(self.decider.suggest_labels, family, n)
 
     def start_report(self) -> Future:
         """The feedback report, built on the feedback thread: a future of its body."""

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from typedlm.core.errors import InvalidRequest, LimitExceeded, StoreError, TypedLMError
+from typedlm.core.errors import AnswerNotHeld, InvalidRequest, LimitExceeded, StoreError, TypedLMError
 
 
 class APIError(Exception):
@@ -79,6 +79,8 @@ def status_of(exc: BaseException) -> ErrorStatus:
         return ErrorStatus(413, "request_too_large", str(exc))
     if isinstance(exc, InvalidRequest):  # in Jev's body, a validation error: its location, message and kind
         return ErrorStatus(422, "invalid_request_error", str(exc))
+    if isinstance(exc, AnswerNotHeld):  # a label by answer id this server no longer holds (or never gave)
+        return ErrorStatus(404, "answer_not_held", str(exc))
     if isinstance(exc, StoreError):  # the feedback database: locked, full or gone; the request was not at fault
         return ErrorStatus(503, "feedback_unavailable", str(exc), CLOSE)
     if isinstance(exc, TypedLMError):
@@ -98,8 +100,12 @@ def http_error(status: int, message: str, headers: Mapping[str, str] | None = No
 
 def error_status(exc: BaseException) -> tuple[int, dict[str, Any]]:
     """(status, Jev's JSON body) of an exception, by the table (`status_of`): a refused request's 422 as a validation
-    error at its location, every other error as its error_type and message."""
+    error at its location, every other error as its error_type and message (an answer not held: and its ids, as
+    `x_ids`)."""
     error = status_of(exc)
     if error.status == 422 and isinstance(exc, InvalidRequest):
         return error.status, validation_body(exc.loc, exc.message, exc.kind)
-    return error.status, error_body(error.error_type, error.message)
+    body = error_body(error.error_type, error.message)
+    if isinstance(exc, AnswerNotHeld):
+        body["detail"]["x_ids"] = list(exc.answer_ids)
+    return error.status, body

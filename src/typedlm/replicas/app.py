@@ -7,9 +7,12 @@
   its worker, queue, limits, auth, metrics and request log. It answers forwarded HTTP requests through that app, so
   every status code, error body and header is the single server's.
 - `Ingress` (one, no model): takes every HTTP request from Ray Serve's proxy, reads the document key from the body
-  (`keys.document_key`) and hands the request to a replica through a handle whose router sends it where its document
-  is cached (`routing.DocumentAffinityRouter`). GET /health and GET /metrics ask every replica and answer for all
-  (`fanout`). A request over the body limit is cut at the limit (the replica answers 413, as the single server).
+  (`keys.request_keys`) and hands the request to a replica through a handle whose router sends it where its document
+  is cached (`routing.DocumentAffinityRouter`). A feedback post that labels answers by id goes to the replica that
+  gave them (each answer id starts with its replica's id: `core.labeling`), the only one that holds them; labels
+  listed from several replicas' answers are refused (422: post each replica's apart). GET /health, GET /metrics and
+  GET /v1/systemone/feedback/suggest ask every replica and answer for all (`fanout`). A request over the body limit
+  is cut at the limit (the replica answers 413, as the single server).
 - Back-pressure: a replica takes at most `max_queue` requests at once (Ray holds the rest); the ingress holds up to
   `max_queue` more per replica, and beyond that answers 503 with Retry-After, as the single server does when full.
 """
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import json
 from typing import Any
+from urllib.parse import parse_qsl
 
 from pydantic import Field
 from ray import serve
@@ -27,15 +31,17 @@ from ray.serve.handle import DeploymentHandle
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
+from typedlm.core.errors import InvalidRequest
 from typedlm.core.settings import DEFAULT_ALIASES, ServerSettings
 from typedlm.hosting.status import APIError
-from typedlm.replicas.fanout import merge_health, merge_metrics
+from typedlm.replicas.fanout import merge_health, merge_metrics, merge_suggestions
 from typedlm.replicas.forwarding import Forwarded, Reply, app_path, run_asgi
-from typedlm.replicas.keys import CHAT, document_key
+from typedlm.replicas.keys import CHAT, FEEDBACK, request_keys
 from typedlm.replicas.routing import DocumentAffinityRouter
 from typedlm.server.chat import error_response
 from typedlm.server.errors import to_response
 
+SUGGEST = "/v1/systemone/feedback/suggest"
 APP_NAME = "typedlm"
 REPLICA = "TypedLMReplica"
 INGRESS = "TypedLMIngress"
@@ -71,11 +77,12 @@ class Replica:
             import torch
 
             torch.set_num_threads(max(1, int(args.cpus_per_replica)))
+        self.replica_id = serve.get_replica_context().replica_id.unique_id
+        args = args.model_copy(update={"answer_origin": self.replica_id})  # in its answers' ids: labels come here
         decider = on_passing_thread(lambda: load_served(args))  # see `hosting.threads`
         self.app = create_app(
             decider, args.model_copy(update={"aliases": (*DEFAULT_ALIASES, *short_names(decider.name))})
         )
-        self.replica_id = serve.get_replica_context().replica_id.unique_id
         freeze_start_up_objects()  # the model and its imports, out of the collector's walks
 
     async def __call__(self, request: Forwarded) -> Reply:
@@ -127,20 +134,33 @@ class Ingress:
         path, _raw = app_path(request.scope)
         if request.method == "GET" and path in ("/health", "/metrics"):
             return await (self._health() if path == "/health" else self._metrics())
+        if request.method == "GET" and path == SUGGEST:
+            return await self._suggestions(Forwarded.of_scope(request.scope, b""))
         try:
             body = await self._body(request)
         except ClientDisconnect:
             return Response(status_code=400)  # nobody left to answer
-        key = document_key(path, request.headers.get("content-encoding", ""), body, self.max_body_bytes)
+        keys = request_keys(path, request.headers.get("content-encoding", ""), body, self.max_body_bytes)
+        forwarded = Forwarded.of_scope(request.scope, body, document=keys.document)
+        if keys.origins and keys.listed and len(keys.origins) > 1:
+            return to_response(
+                InvalidRequest(
+                    f"these labels name answers of {len(keys.origins)} replicas ({', '.join(keys.origins)}): post "
+                    "each replica's apart (an x_id starts with its replica's id and a dot)",
+                    ("labels",),
+                )
+            )
+        if path == FEEDBACK and len(keys.origins) == 1:
+            forwarded = forwarded.to(keys.origins[0])  # the replica that holds the answers (if it is still there)
         try:
-            reply = await self.replicas.remote(Forwarded.of_scope(request.scope, body, document=key))
+            reply = await self.replicas.remote(forwarded)
         except BackPressureError:
             return _overloaded(path)
         return _response(reply)
 
-    async def _each_replica(self, path: str) -> dict[str, Reply]:
-        """GET `path` of every running replica: {replica id: its reply} (those that answered)."""
-        request = Forwarded("GET", path, path.encode(), b"", ((b"host", b"typedlm-ingress"),), b"")
+    async def _each_replica(self, path: str, request: Forwarded | None = None) -> dict[str, Reply]:
+        """GET `path` (or `request`) of every running replica: {replica id: its reply} (those that answered)."""
+        request = request or Forwarded("GET", path, path.encode(), b"", ((b"host", b"typedlm-ingress"),), b"")
         router = DocumentAffinityRouter.of(self.app_name, REPLICA)
         if router is None or not router.replica_ids():  # the handle starts its router on its first request
             await self.replicas.remote(request)
@@ -161,6 +181,16 @@ class Ingress:
             return JSONResponse({"status": "starting", "replicas": []}, 503)
         health = merge_health({r: json.loads(reply.body) for r, reply in sorted(replies.items())}, self.expected)
         return JSONResponse(health)
+
+    async def _suggestions(self, request: Forwarded) -> Response:
+        """What to label next among every replica's recent answers (`fanout.merge_suggestions`); a replica's refusal
+        (auth, a bad query, no feedback kept) as it answered it."""
+        replies = await self._each_replica(SUGGEST, request)
+        refused = [reply for reply in replies.values() if reply.status != 200]
+        if refused or not replies:
+            return _response(refused[0]) if refused else to_response(APIError(503, "starting", "no replica yet"))
+        n = int(dict(parse_qsl(request.query_string.decode())).get("n", 10))
+        return JSONResponse(merge_suggestions([json.loads(reply.body) for reply in replies.values()], n))
 
     async def _metrics(self) -> Response:
         from prometheus_client import CONTENT_TYPE_LATEST

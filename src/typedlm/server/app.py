@@ -5,11 +5,12 @@ translate between the wire and it (`routes`, a module per group), in this order:
     app = create_app(ModelProcess(load, settings), settings)           # the model in a process of its own
 
 Routes: the playground at / and /playground, docs at /docs (`routes.pages`: Swagger UI 5, which reads OpenAPI 3.1,
-from local files); POST /v1/systemone, POST and GET /v1/systemone/feedback (gold answers in; the report out)
-(`routes.systemone`); GET /v1/models (`routes.models`); GET /health, GET /metrics (Prometheus)
-(`routes.operations`); POST /v1/chat/completions (`routes.chat`). Errors answer by one table
-(`hosting.status.status_of`), in Jev's shape (`errors`) or, on the chat route, OpenAI's (`chat`). Every request is
-observed once (`metrics`): its route, status, time, tokens and questions, for the metrics and the request log.
+from local files); POST /v1/systemone, POST and GET /v1/systemone/feedback (gold answers in; the report out), GET
+/v1/systemone/feedback/suggest (what to label next) (`routes.systemone`); GET /v1/models (`routes.models`); GET
+/health, GET /metrics (Prometheus) (`routes.operations`); POST /v1/chat/completions (`routes.chat`). Errors answer by
+one table (`hosting.status.status_of`), in Jev's shape (`errors`) or, on the chat route, OpenAI's (`chat`). Every
+request is observed once (`metrics`): its route, status, time, tokens and questions, for the metrics and the request
+log.
 """
 
 from __future__ import annotations
@@ -113,8 +114,9 @@ def create_app(model: DeciderLike | ServedModel, settings: ServerSettings | None
             description = f"{app.description}\n\n{limits(settings, served.describe())}"
             spec = get_openapi(title=app.title, version=app.version, description=description, routes=app.routes)
             components = spec.setdefault("components", {}).setdefault("schemas", {})
-            for body in (schemas.SystemOneRequest, schemas.ChatRequest, schemas.FeedbackRequest):  # the bodies the
-                body_schema = body.model_json_schema(ref_template="#/components/schemas/{model}")  # routes read by hand
+            bodies = (schemas.SystemOneRequest, schemas.ChatRequest, *schemas.FEEDBACK_POSTS)  # the bodies the routes
+            for body in bodies:  # read by hand
+                body_schema = body.model_json_schema(ref_template="#/components/schemas/{model}")
                 components.update(body_schema.pop("$defs", {}))
                 components[body.__name__] = body_schema
             app.openapi_schema = spec

@@ -24,6 +24,11 @@ Exposed at /metrics (prometheus_client's text format, one registry per app):
                                                 to end (the device sets the pace: more forwards than it can run)
     typedlm_model_thread_waited_for_requests_seconds_total  ... waiting for a request with a slot free (the clients,
                                                 or the threads preparing requests, set the pace; idle time too)
+    typedlm_answer_window_{entries,bytes,max_bytes,max_age_seconds}  with a feedback database: recent answers held
+                                                for labels by id (x_id), their bytes and the bounds;
+                                                typedlm_answer_window_evictions_total: answers let go of (bytes, age);
+                                                typedlm_answer_window_labeled_by_id_total: answers labeled by id;
+                                                typedlm_answer_window_not_held_total: ids posted and not held (404)
     typedlm_model_info{model,device,dtype,...}  the served model (always 1)
 
 `RequestLog` writes one line per request (text, or JSON with `--log-format json`): route, status, ms, tokens,
@@ -49,12 +54,14 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # requests per forward
 # counters; the rest are sizes
 CUMULATIVE = (
     "hits", "partial_hits", "misses", "reused_tokens", "captures", "capture_failures", "waited_for_slot_seconds",
-    "waited_for_requests_seconds", "evictions",
+    "waited_for_requests_seconds", "evictions", "labeled_by_id", "not_held",
 )  # fmt: skip
 ROUTES = (
     "/",
     "/playground",
     "/v1/systemone",
+    "/v1/systemone/feedback",
+    "/v1/systemone/feedback/suggest",
     "/v1/models",
     "/v1/chat/completions",
     "/health",

@@ -122,8 +122,13 @@ class Threshold(BaseModel):
 
 
 class HandedOver(BaseModel):
-    """What x_coverage and x_min_accuracy add to an answer."""
+    """What a server adds to an answer: its id where it keeps feedback, and what x_coverage and x_min_accuracy add."""
 
+    x_id: str | None = Field(
+        None,
+        description="With a feedback database: the answer's id, to label it by (POST /v1/systemone/feedback with "
+        "x_id and gold) while the server holds it.",
+    )
     x_set: AnswerSet | None = Field(None, description="With x_coverage: the answer set.")
     x_abstain: bool | None = Field(None, description="With x_min_accuracy: whether to send it to a person.")
     x_threshold: Threshold | None = Field(
@@ -181,8 +186,35 @@ class FeedbackRequest(SystemOneRequest):
         "random",
         description="How these labels were picked: random (a fair sample of the traffic: they feed the answer sets' "
         "and selective answers' guarantees) or chosen (a correction, a hard case: learned from, never counted in a "
-        "guarantee).",
+        "guarantee). An answer handed out to teach (GET /v1/systemone/feedback/suggest) is stored chosen.",
     )
+    x_ids: dict[str, str] | None = Field(
+        None,
+        description="The answers' ids (x_id) by question id: where the server holds every labeled answer, its "
+        "labels are stored from them and the request is not answered again.",
+    )
+
+
+class FeedbackById(BaseModel):
+    model: str | None = None
+    x_id: str = Field(..., description="The labeled answer's id (its x_id).", max_length=100)
+    gold: bool | str | int = Field(
+        ..., description="Its right answer: noul true/false, choice an option's name, score a level index."
+    )
+    x_feedback_id: str | None = Field(None, min_length=1, max_length=200)
+    x_sample: Literal["random", "chosen"] = "random"
+
+
+class AnswerLabel(BaseModel):
+    x_id: str = Field(..., max_length=100)
+    gold: bool | str | int
+
+
+class FeedbackLabels(BaseModel):
+    model: str | None = None
+    labels: list[AnswerLabel] = Field(..., description="Answers labeled by their ids.", min_length=1, max_length=1000)
+    x_feedback_id: str | None = Field(None, min_length=1, max_length=200)
+    x_sample: Literal["random", "chosen"] = "random"
 
 
 class FeedbackLevel(BaseModel):
@@ -205,6 +237,38 @@ class FeedbackResponse(SystemOneResponse):
         ..., description="Per labeled question, the calibration in force for it now that its label is learned."
     )
     x_feedback_stored: int = Field(..., description="Labels stored by this post (0: its x_feedback_id was seen).")
+
+
+FEEDBACK_POSTS = (FeedbackRequest, FeedbackById, FeedbackLabels)  # the forms of POST /v1/systemone/feedback's body
+
+
+class LabeledById(BaseModel):
+    question: str = Field(..., description="The question id the answer was given for.")
+    sample: Literal["random", "chosen"] = Field(..., description="How the label was stored.")
+    x_feedback: FeedbackLevel
+
+
+class FeedbackByIdResponse(BaseModel):
+    model: str
+    x_labels: dict[str, LabeledById] = Field(..., description="Per answer id labeled: what was stored for it.")
+    x_feedback_stored: int = Field(..., description="Labels stored by this post (0: its x_feedback_id was seen).")
+
+
+class FeedbackSuggestions(BaseModel):
+    object: Literal["feedback_suggestions"]
+    family: str | None = Field(..., description="The family asked for (null: any).")
+    answers: int = Field(..., description="Answers held (of the family) that no label by id has named.")
+    drawable: int = Field(..., description="Of them, those no earlier random draw gave: what this draw was drawn from.")
+    random: list[str] = Field(
+        ..., description="Answer ids drawn at random: label every one, as posted (x_sample random): a fair sample."
+    )
+    teach: list[str] = Field(
+        ..., description="Other answer ids, the most unsure: labels of these are stored chosen (never certified from)."
+    )
+    teach_by: Literal["entropy"] = Field(
+        ..., description="How unsure: the entropy of the answer's probabilities over the log of their number."
+    )
+    teach_uncertainty: list[float] = Field(..., description="Of each answer to teach: 0 sure, 1 uniform.")
 
 
 class FamilyScores(BaseModel):

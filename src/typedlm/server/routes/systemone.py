@@ -1,14 +1,18 @@
 """Jev's routes: POST /v1/systemone (typed questions about a state, answered) and the feedback routes, POST
-/v1/systemone/feedback (gold answers in: the request answered, its labels stored and learned) and GET
-/v1/systemone/feedback (per question family, how honest the answers are). Errors in Jev's shape (`server.errors`)."""
+/v1/systemone/feedback (gold answers in: by the answers' ids, or the request answered again; its labels stored and
+learned), GET /v1/systemone/feedback/suggest (which recent answers to label next) and GET /v1/systemone/feedback
+(per question family, how honest the answers are). Errors in Jev's shape (`server.errors`)."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Request
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse
 
 from typedlm.core.answers import Usage
-from typedlm.core.questions import parse_feedback, parse_request
+from typedlm.core.labeling import MAX_FAMILY_CHARS, MAX_SUGGESTIONS, LabelsById, parse_post
+from typedlm.core.questions import parse_request
 from typedlm.core.settings import ServerSettings
 from typedlm.hosting.served import ServedModel
 from typedlm.hosting.status import APIError
@@ -58,18 +62,21 @@ def router(served: ServedModel, settings: ServerSettings) -> APIRouter:
                 404, "feedback_off", "this server keeps no feedback: start it with --feedback-db PATH to learn from it"
             )
 
-    feedback_body = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/FeedbackRequest"}}}}
+    forms = ("FeedbackRequest", "FeedbackById", "FeedbackLabels")
+    one_of = [{"$ref": f"#/components/schemas/{form}"} for form in forms]
+    feedback_body = {"content": {"application/json": {"schema": {"oneOf": one_of}}}}
 
     @routes.post(
         "/v1/systemone/feedback",
         dependencies=[Depends(authorized)],
-        summary="Post gold answers: the request answered, its labels stored and learned",
-        response_model=schemas.FeedbackResponse,
+        summary="Post gold answers, by the answers' ids or with the request: its labels stored and learned",
+        response_model=schemas.FeedbackResponse | schemas.FeedbackByIdResponse,
         responses=error_responses(
             {
                 400: "a corrupt compressed body",
                 401: "auth on and the key missing or wrong",
-                404: "an unknown model, or no feedback kept (--feedback-db none)",
+                404: "an unknown model, no feedback kept (--feedback-db none), or an answer id not held (and no "
+                "state and questions to answer again)",
                 413: "a body or prompt over the limits",
                 415: "an unsupported Content-Encoding",
                 422: "invalid JSON, an invalid request, or a gold answer that is not one of its question's",
@@ -81,13 +88,38 @@ def router(served: ServedModel, settings: ServerSettings) -> APIRouter:
     )
     async def post_feedback(request: Request) -> JSONResponse:
         body = parse_json(await read_body(request, settings.max_body_bytes))
-        posted = parse_feedback(body)
-        check_model(posted.request.model, served, settings)
+        posted = parse_post(body)
+        by_id = isinstance(posted, LabelsById)
+        check_model(posted.model if by_id else posted.request.model, served, settings)
         check_feedback()
         result = await served.feedback(posted)
-        usage = Usage(result["usage"]["input_tokens"], cached_tokens=result["usage"]["x_cached_tokens"])
-        note(request, usage, posted.request.questions)
+        if "usage" in result:  # answered again: a post of old, or by ids not held with the request sent too
+            usage = Usage(result["usage"]["input_tokens"], cached_tokens=result["usage"]["x_cached_tokens"])
+            note(request, usage, (posted.fallback if by_id else posted).request.questions)
         return JSONResponse(result)
+
+    @routes.get(
+        "/v1/systemone/feedback/suggest",
+        dependencies=[Depends(authorized)],
+        summary="Which recent answers to label next: a random draw (fair labels) and the most unsure (to teach)",
+        response_model=schemas.FeedbackSuggestions,
+        responses=error_responses(
+            {
+                401: "auth on and the key missing or wrong",
+                404: "no feedback kept (--feedback-db none)",
+                422: f"n outside 1-{MAX_SUGGESTIONS}, or a family key longer than {MAX_FAMILY_CHARS} characters",
+            }
+        ),
+    )
+    async def suggest(
+        family: Annotated[
+            str | None,
+            Query(max_length=MAX_FAMILY_CHARS, description="A question family's key (the report's); none: any."),
+        ] = None,
+        n: Annotated[int, Query(ge=1, le=MAX_SUGGESTIONS, description="Answer ids of each kind, at most.")] = 10,
+    ) -> JSONResponse:
+        check_feedback()
+        return JSONResponse(await served.suggest_labels(family, n))
 
     @routes.get(
         "/v1/systemone/feedback",
