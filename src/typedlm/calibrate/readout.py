@@ -25,11 +25,18 @@ The model: log p'(a) = (log p(a) + w_a · x(features)) / T + const, p the calibr
 features centred and whitened on its own labels, cut to the first k principal components, T a temperature fitted on
 the cross-validated predictions (the prior's shrinkage leaves a readout less sure than it is right). Fitted by
 maximum a posteriori with a Gaussian prior centred on "no change" (w = 0, strength λ): Böhning's bound makes each
-step a fixed-step gradient step (the whitened features' Gram matrix is N·I), accelerated. k and λ are chosen by
-`FOLDS`-fold cross-validation on the level's labels whenever their count doubles from `MIN_READOUT_LABELS` on, among
-`COMPONENTS` × `SHRINKS`, and the readout is used at all only where its cross-validated log loss is below
-calibration alone's on the same labels by more than `MARGIN_Z` standard errors and its accuracy not below it; in
-between, it is refitted with the chosen k and λ as labels come.
+step a fixed-step gradient step (the whitened features' Gram matrix is N·I), accelerated.
+
+The gate (`choose`), whenever a level's label count doubles from `MIN_READOUT_LABELS` on: the whole procedure is
+scored by nested cross-validation. In each of `FOLDS` outer folds, k, λ (among `COMPONENTS` × `SHRINKS`) and T are
+chosen by `INNER_FOLDS`-fold cross-validation on the other folds' labels alone and the readout fitted there
+predicts the fold; calibration alone gets a temperature fitted on the same labels, so a temperature that mends the
+calibration is no gain of the readout's. The readout is used only where its held-out log loss is below that
+base's by more than `MARGIN_Z` standard errors, its accuracy not below it, and its ECE not above the base's or
+within what sampling alone gives an honest model with its confidences (`ECE_QUANTILE` of `floor_eces`): answers
+made more right must not be made less honest. Where it passes, k, λ and T are chosen
+by `FOLDS`-fold cross-validation on every label; in between, it is refitted with them as labels come. Noise
+features pass in at most a few percent of draws (scripts/readout_gate_simulation.py).
 
 Bounded: a level keeps its latest `MAX_READOUT_LABELS` labels, all levels together `MAX_READOUT_BYTES`.
 """
@@ -46,13 +53,17 @@ import numpy as np
 
 from typedlm.calibrate.learning import Learner, Sample
 from typedlm.calibrate.level_fit import softmax
+from typedlm.calibrate.reliability import ece, floor_eces
 from typedlm.core.names import Kind
 
 MIN_READOUT_LABELS = 30  # a readout is considered from this many labels on
 MAX_READOUT_ANSWERS = 64  # a choice or score learns a readout with at most this many answers
 COMPONENTS = (4, 16, 64)  # principal components a readout may read
 SHRINKS = (2.0, 8.0, 32.0, 128.0)  # the prior's strength λ
-FOLDS = 5
+FOLDS = 5  # the gate's outer folds, and the served variant's selection
+INNER_FOLDS = 4  # the selection's folds inside each outer fold's training labels
+VARIANTS = tuple((k, s) for k in COMPONENTS for s in SHRINKS)
+ECE_QUANTILE = 0.9  # of an honest model's ECEs (`floor_eces`): what sampling alone allows a readout
 MARGIN_Z = 1.64  # how many standard errors of the out-of-fold gain a readout must win by (one-sided 95%)
 MAX_READOUT_LABELS = 2048  # a level's latest labels
 MAX_READOUT_BYTES = 32 * 2**20  # every level's labels together
@@ -195,35 +206,76 @@ def _losses(probs: np.ndarray, gold: np.ndarray) -> np.ndarray:
     return -np.log(np.maximum(probs[np.arange(len(gold)), gold], FLOOR))
 
 
+def _variant_logits(offsets: np.ndarray, features: np.ndarray, gold: np.ndarray, folds: np.ndarray) -> list[np.ndarray]:
+    """Each variant's (`VARIANTS`, in order) out-of-fold logits [N, n] before its temperature, folds [N] each
+    label's fold: every fold predicted by the readout fitted on the others."""
+    out = [np.zeros_like(offsets) for _ in VARIANTS]
+    for f in np.unique(folds):
+        train, test = folds != f, folds == f
+        whitened = Whitening.full(features[train])  # once per fold, cut to each k
+        for logits, (components, shrink) in zip(out, VARIANTS, strict=True):
+            fitted = ReadoutFit.fit(offsets[train], features[train], gold[train], components, shrink, whitened=whitened)
+            logits[test] = fitted.logits(offsets[test], features[test])
+    return out
+
+
+def _select(offsets: np.ndarray, features: np.ndarray, gold: np.ndarray, folds: np.ndarray) -> tuple[int, float, float]:
+    """The (components, λ, temperature) whose out-of-fold predictions (folds [N]) have the least log loss, each
+    variant's temperature fitted on its own out-of-fold logits."""
+    best: tuple[float, int, float, float] | None = None
+    for (components, shrink), logits in zip(VARIANTS, _variant_logits(offsets, features, gold, folds), strict=True):
+        t = temperature(logits, gold)
+        loss = float(_losses(softmax(logits / t), gold).mean())
+        if best is None or loss < best[0]:
+            best = (loss, components, shrink, t)
+    assert best is not None, "no variant to select"
+    return best[1:]
+
+
+def _nested(offsets: np.ndarray, features: np.ndarray, gold: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The readout's and the base's probabilities [N, n] for each label, each from the other folds' labels alone
+    (`FOLDS` folds, label i in fold i mod FOLDS): there the readout's (components, λ, temperature) selected by
+    `INNER_FOLDS`-fold cross-validation and fitted, the base's temperature fitted (calibration alone has no other
+    parameter to fit): so the selection is scored with the readout, and the temperature is no gain of its own."""
+    fold = np.arange(len(gold)) % FOLDS
+    readout, base = np.zeros_like(offsets), np.zeros_like(offsets)
+    for f in range(FOLDS):
+        train, test = fold != f, fold == f
+        inner = np.arange(int(train.sum())) % INNER_FOLDS
+        chosen = _select(offsets[train], features[train], gold[train], inner)
+        fitted = ReadoutFit.fit(offsets[train], features[train], gold[train], *chosen)
+        readout[test] = fitted.apply_rows(offsets[test], features[test])
+        base[test] = softmax(offsets[test] / temperature(offsets[train], gold[train]))
+    return readout, base
+
+
+def _earns(readout: np.ndarray, base: np.ndarray, gold: np.ndarray, margin_z: float) -> bool:
+    """Whether held-out probabilities [N, n] of the readout beat the base's: log loss lower by more than `margin_z`
+    standard errors of the labels' paired differences, accuracy not lower, and ECE within the base's or within what
+    sampling alone gives an honest model with the readout's confidences (`ECE_QUANTILE` of `floor_eces`)."""
+    gain = _losses(base, gold) - _losses(readout, gold)
+    if gain.mean() <= margin_z * gain.std() / math.sqrt(len(gain)):
+        return False
+    right, base_right = readout.argmax(axis=1) == gold, base.argmax(axis=1) == gold
+    if right.mean() < base_right.mean():
+        return False
+    sure = readout.max(axis=1)
+    allowed = max(ece(base.max(axis=1), base_right), float(np.quantile(floor_eces(sure), ECE_QUANTILE)))
+    return ece(sure, right) <= allowed
+
+
 def choose(
     offsets: np.ndarray, features: np.ndarray, gold: np.ndarray, margin_z: float = MARGIN_Z
 ) -> tuple[int, float, float] | None:
-    """The (components, λ, temperature) whose readout predicts these labels best out of fold (`FOLDS` folds, label
-    i in fold i mod FOLDS; the temperature fitted on those predictions), where it beats calibration alone
-    (`offsets`) in log loss by more than `margin_z` standard errors of the labels' paired differences (the best of
-    many variants beats the base by chance alone) and does not lose accuracy; else None."""
-    base_losses = _losses(np.exp(offsets), gold)
-    base_accuracy = float(np.mean(offsets.argmax(axis=1) == gold))
-    fold = np.arange(len(gold)) % FOLDS
-    best: tuple[float, int, float, float] | None = None
-    whitened = [Whitening.full(features[fold != f]) for f in range(FOLDS)]  # once per fold, cut to each k
-    for components in COMPONENTS:
-        for shrink in SHRINKS:
-            logits = np.zeros_like(offsets)
-            for f in range(FOLDS):
-                train, test = fold != f, fold == f
-                fitted = ReadoutFit.fit(
-                    offsets[train], features[train], gold[train], components, shrink, whitened=whitened[f]
-                )
-                logits[test] = fitted.logits(offsets[test], features[test])
-            t = temperature(logits, gold)
-            predicted = softmax(logits / t)
-            gain = base_losses - _losses(predicted, gold)
-            margin = margin_z * gain.std() / math.sqrt(len(gain))
-            accuracy = float(np.mean(predicted.argmax(axis=1) == gold))
-            if gain.mean() > margin and accuracy >= base_accuracy and (best is None or gain.mean() > best[0]):
-                best = (float(gain.mean()), components, shrink, t)
-    return None if best is None else best[1:]
+    """The (components, λ, temperature) of the readout to serve on these labels, or None where none earns its place.
+
+    The gate scores the whole procedure out of fold (`_nested`: selection among `VARIANTS` and the temperature
+    included) against calibration alone (`offsets`) given a temperature fitted the same way (`_earns`). Where it
+    passes, the variant served is the one `FOLDS`-fold cross-validation selects on every label."""
+    readout, base = _nested(offsets, features, gold)
+    if not _earns(readout, base, gold, margin_z):
+        return None
+    return _select(offsets, features, gold, np.arange(len(gold)) % FOLDS)
 
 
 @dataclass
