@@ -1,4 +1,4 @@
-"""How often the learned readout's gate (`typedlm.calibrate.readout.choose`) lets a readout in, on synthetic labels
+"""How often the learned readout's gate (`typedlm.calibrate.readout_fit.choose`) lets a readout in, on synthetic labels
 whose true probabilities are known: features of pure noise (it should, at most, in 5% of draws) and features that
 carry the answer (it should, in most).
 
@@ -22,7 +22,7 @@ import numpy as np
 from scipy.stats import binomtest
 
 from typedlm.calibrate.level_fit import softmax
-from typedlm.calibrate.readout import MARGIN_Z, choose
+from typedlm.calibrate.readout_fit import MARGIN_Z, choose
 
 SPREAD = 1.5  # the true logits' standard deviation (a 2-answer task's top answer right about 78% of the time)
 BASES = {"over-confident": 0.6, "under-confident": 1.6, "exact": 1.0}  # the base's temperature on the true logits

@@ -6,15 +6,8 @@ import numpy as np
 import pytest
 
 from typedlm.calibrate.learning import Learner, Sample
-from typedlm.calibrate.readout import (
-    MIN_READOUT_LABELS,
-    ReadoutFit,
-    Readouts,
-    Whitening,
-    choose,
-    fit_weights,
-    readout_keys,
-)
+from typedlm.calibrate.readout import MIN_READOUT_LABELS, Readouts, readout_keys
+from typedlm.calibrate.readout_fit import ReadoutFit, Whitening, choose, fit_weights
 
 KEYS = {"exact": "e1", "family": "f1", "kind": "noul"}
 

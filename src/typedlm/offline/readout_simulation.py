@@ -20,7 +20,8 @@ import numpy as np
 
 from typedlm.calibrate.out_of_fold import FOLDS, OutOfFold
 from typedlm.calibrate.projection import decode
-from typedlm.calibrate.readout import MARGIN_Z, Readouts
+from typedlm.calibrate.readout import Readouts
+from typedlm.calibrate.readout_fit import MARGIN_Z
 from typedlm.core.questions import Question
 from typedlm.offline.metrics import Prediction
 from typedlm.offline.readouts import Readout
