@@ -67,7 +67,7 @@ class Task:
         features = None
         if self.readout:  # z in the first m dimensions (noisy), noise in the rest
             features = rng.normal(0.0, 1.0, (n, FEATURE_DIMS))
-            features[:, :m] += 2.0 * z
+            features[:, :m] += 3.0 * z  # z to within 1/3 per dimension: more than a noisy read holds
         reads = [
             Reads(
                 "noul" if m == 2 else "choice",
