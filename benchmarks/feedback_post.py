@@ -12,12 +12,22 @@ so the refits grow with them (each level is fitted on its latest 4096 labels at 
 the 90th percentile) of the request, the post and their difference per round, overall and per hundred labels; the
 difference of two requests of a few hundred ms is noisy, so in process the feedback step (storing the labels and
 learning them) is also timed alone. Ends with one JSON line and writes it to results/feedback_post/DATE[-label].json.
+
+    python -m benchmarks.feedback_post --by-id [--posts 100] [--baseline 100] [--model M] [--questions 2]
+
+A label by answer id against the post of old, over HTTP (uvicorn on loopback, the model in a process of its own as
+`typedlm serve` runs it; `--no-model-process`: in the server's): every round asks a request about a new document
+(its answers held, each with its id), then posts its gold answers by the answers' ids (one post listing them); and,
+for the first `--baseline` rounds, also posts the gold answers of another new document with its state and questions,
+the two posts in alternating order. Gives the medians and 90th percentiles of the request, the post by id and the
+post of old (labels accumulate in one family per question, as above).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import statistics
 import tempfile
@@ -30,6 +40,7 @@ import uvicorn
 
 from benchmarks.harness import add_output_arguments, output_path, write_report
 from typedlm.decide.decider import Decider
+from typedlm.hosting.model_process import ModelProcess
 from typedlm.server import ServerSettings, create_app
 
 QUESTIONS = {
@@ -80,12 +91,101 @@ def summary(rows: list[dict[str, float]]) -> dict[str, float]:
     }
 
 
+def spread(values: list[float]) -> dict[str, float]:
+    return {"n": len(values), "median_ms": statistics.median(values), "p90_ms": percentile(values, 90)}
+
+
+def serve(app) -> tuple[uvicorn.Server, threading.Thread, str]:
+    """`app` served on a free loopback port, in a thread: the server, its thread and its URL."""
+    server = uvicorn.Server(uvicorn.Config(app, port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.05)
+    return server, thread, f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+
+
+def load_with_feedback(model: str | None, path: str) -> Decider:
+    """The benchmark's decider (module level: the model process loads it)."""
+    return Decider.load(model, feedback_db=path)
+
+
+def by_id(args: argparse.Namespace) -> None:
+    """The post by answer id against the post of old, over HTTP (see the module)."""
+    folder = Path(tempfile.mkdtemp(prefix="typedlm-feedback-"))
+    load = functools.partial(load_with_feedback, args.model, str(folder / "feedback.sqlite"))
+    settings = ServerSettings(request_timeout_s=600)
+    model = ModelProcess(load, settings) if args.model_process else load()
+    server, thread, url = serve(create_app(model, settings))
+    times: dict[str, list[float]] = {"request": [], "by id": [], "state and questions": []}
+    with httpx.Client(base_url=url, timeout=600) as client:
+
+        def timed(way: str, path: str, body: dict) -> dict:
+            started = time.perf_counter()
+            reply = client.post(path, json=body)
+            times[way].append((time.perf_counter() - started) * 1e3)
+            assert reply.status_code == 200, reply.text
+            return reply.json()
+
+        warm = bodies(10**6, args.questions)[0]
+        client.post("/v1/systemone", json=warm).raise_for_status()
+        for i in range(args.posts):
+            request, posted = bodies(i, args.questions)
+            answered = timed("request", "/v1/systemone", request)
+            labels = [{"x_id": answered["answers"][q]["x_id"], "gold": GOLD[q]} for q in request["questions"]]
+            ways = [("by id", "/v1/systemone/feedback", {"labels": labels})]
+            if i < args.baseline:
+                ways.append(("state and questions", "/v1/systemone/feedback", posted))
+            for way, path, body in ways[:: 1 if i % 2 else -1]:
+                stored = timed(way, path, body)["x_feedback_stored"]
+                assert stored == args.questions, stored
+        window = client.get("/health").json()["answer_window"]
+        about = client.get("/v1/models").json()["models"][0]["name"]
+    server.should_exit = True
+    thread.join()
+    if args.model_process:
+        model.close()
+    report = {way: spread(values) for way, values in times.items() if values}
+    print(f"feedback by answer id vs the post of old over HTTP, {about}, {args.questions} questions per body")
+    for way, s in report.items():
+        print(f"{way:<22} n={s['n']:<4} median {s['median_ms']:9.2f} ms   p90 {s['p90_ms']:9.2f} ms")
+    result = {
+        "benchmark": "feedback_post",
+        "mode": "by id",
+        "date": datetime.date.today().isoformat(),
+        "model": about,
+        "model_process": args.model_process,
+        "questions": args.questions,
+        "labels": args.questions * (args.posts + min(args.baseline, args.posts)),
+        "results": report,
+        "by_id_ms": [round(value, 3) for value in times["by id"]],  # in order: where the slow ones fall
+        "answer_window": window,
+    }
+    write_report(result, output_path(args, "feedback_post"))
+    print(json.dumps(result))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--posts", type=int, default=300, help="rounds in each of the two ways (default 300)")
+    parser.add_argument("--posts", type=int, default=None, help="rounds (default 300; 100 with --by-id)")
     parser.add_argument("--questions", type=int, default=2, choices=(1, 2, 3), help="questions per body")
+    parser.add_argument("--by-id", action="store_true", help="labels by answer id against the post of old, over HTTP")
+    parser.add_argument("--baseline", type=int, default=None, help="with --by-id: rounds with a post of old too")
+    parser.add_argument("--model", default=None, help="with --by-id: the model (default: the embedded one)")
+    parser.add_argument(
+        "--model-process",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="with --by-id: the model in a process of its own, as typedlm serve runs it (default)",
+    )
     add_output_arguments(parser, "feedback_post")
     args = parser.parse_args()
+    if args.by_id:
+        args.posts = args.posts or 100
+        args.baseline = args.posts if args.baseline is None else args.baseline
+        by_id(args)
+        return
+    args.posts = args.posts or 300
     folder = Path(tempfile.mkdtemp(prefix="typedlm-feedback-"))
     decider = Decider.load(feedback_db=folder / "feedback.sqlite")
     warm = bodies(10**6, args.questions)

@@ -18,8 +18,8 @@ Messages, pickled over one pipe:
     from the model   once after loading: ("ready", name, description, max_batch, stats) or ("failed", error);
                      ("answer", id, response or feedback body or suggestions or report) or ("error", id, error,
                      stats) per request; ("timing", wait_s, run_s) per request and ("batch", requests, tokens,
-                     stats) per forward, for the metrics; ("stats", stats) after a feedback post or a suggestion
-                     (one by answer id runs no forward); ("closed",) last
+                     stats) per forward, for the metrics; ("stats", stats) before the answer to a feedback post or a
+                     suggestion (one by answer id runs no forward); ("closed",) last
 
 `load` (no arguments → a decider) is pickled into the new process: a module-level function or a `functools.partial`
 of one. The process is spawned, not forked (the server's threads and sockets stay behind). Admission (503 past
@@ -273,9 +273,9 @@ def run_model_process(load: Callable[[], DeciderLike], settings: ServerSettings,
     def reply(request_id: int, done: Future, counted: bool = False) -> None:
         error = done.exception()
         if error is None:
-            send(("answer", request_id, done.result()))
-            if counted:  # the answers held and labeled by id: for the metrics, after the reply
+            if counted:  # the answers held and labeled by id, before the reply: a scrape after it counts it
                 send(("stats", model.stats()))
+            send(("answer", request_id, done.result()))
             return
         if error_status(error)[0] >= 500:
             logger.error("typedlm: answering a request failed", exc_info=error)  # a 500: its traceback here
