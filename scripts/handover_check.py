@@ -3,7 +3,8 @@ known distortion of true probabilities, served through the feedback calibrator, 
 labels; the share of draws whose sets under-cover (beside the theory's own), whose certificate is wrong, and that
 switch to the online variant on a stream that does not drift; with and without a learned readout.
 
-    python scripts/handover_check.py --draws 500 --readout-draws 300 --out docs/results/handover-check.json --jobs 2
+    python scripts/handover_check.py --draws 500 --readout-draws 100 --answers 200 --jobs 2 \
+        --out docs/results/handover-check.json
 """
 
 from __future__ import annotations
