@@ -223,9 +223,14 @@ class Decider:
         reads only where the request keeps them."""
         if request.remember and self.recent is not None:
             keys = self.feedback.calibrator.keys
-            family = lambda question: keys(question)["family"]  # noqa: E731
+
+            def family(question: Question) -> str:
+                return keys(question)["family"]
+
             response = self.recent.remember(response, request.reads.questions, request.method.value, family)
-        return response if request.keep_reading else replace(response, reading=None)
+        if response.reading is not None and not request.keep_reading:
+            response = replace(response, reading=None)
+        return response
 
     def decide(
         self,
