@@ -72,6 +72,8 @@ def main() -> None:
     for i in range(5):
         decider.respond_feedback({"state": document(2 * 10**6 + i), "questions": asked, "gold": {"billing": True}})
         first.append(timed(decider.respond, {"state": document(3 * 10**6 + i), "questions": asked, **ASKED}))
+    # steady state: what the posts taught is learned (the fold models' readouts learn on a thread of their own)
+    decider.feedback.settle()
     rows = []
     for i in range(args.rounds):
         plain = {"state": document(2 * i), "questions": asked}
