@@ -214,10 +214,7 @@ class Certificate:
     right: int
     min_accuracy: float
     delta: float
-
-    @property
-    def lower_bound(self) -> float:
-        return clopper_pearson_lower(self.labels, self.right, self.delta)
+    lower_bound: float  # computed once, with the certificate (`certify`): answers read it, never recompute it
 
 
 def certify(
@@ -242,8 +239,11 @@ def certify(
             continue  # too few labels this confident to certify it even were all right: not tested, nothing spent
         if binomial_tail(n, right, target) > delta:
             break
-        best = Certificate(tau, n, right, target, delta)
-    return best
+        best = (tau, n, right)
+    if best is None:
+        return None
+    tau, n, right = best
+    return Certificate(tau, n, right, target, delta, clopper_pearson_lower(n, right, delta))
 
 
 def automated_share(confidence: np.ndarray, certificate: Certificate | None) -> float:
